@@ -1,0 +1,32 @@
+"""hot: Hadamard-based Optimized Training (Kim et al., CVPR 2025) for PyTorch.
+
+HOT changes only the backward pass of nn.Linear and nn.Conv2d layers:
+
+* HQ  (g_x path): 16-point block Hadamard along output channels, 4-bit operands.
+* HLA (g_W path): Hadamard low-rank projection along tokens, r of 16 coefficients, INT8.
+* ABC: the forward saves only the INT8 low-rank copy of the layer input.
+* LQS: each layer chooses per-token or per-tensor g_y scaling from its own statistics.
+
+    import hot
+    hot.convert(model)            # the paper's setting; HOTConfig.exact() for exact gradients
+"""
+
+from . import reference  # noqa: F401  (registers the reference backend)
+from .common.backend import BackendUnavailableError, register_loader
+from .common.config import HLAConfig, HOTConfig, HOTConfigError, HQConfig, LQSConfig
+from .nn import HOTConv2d, HOTLayerError, HOTLinear, convert, hot_layers, set_config, unconvert
+
+
+def _load_fast() -> None:
+    from . import fast  # noqa: F401
+
+
+register_loader("fast", _load_fast)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HOTConfig", "HQConfig", "HLAConfig", "LQSConfig", "HOTConfigError",
+    "convert", "unconvert", "set_config", "hot_layers",
+    "HOTLinear", "HOTConv2d", "HOTLayerError", "BackendUnavailableError",
+]

@@ -1,0 +1,1 @@
+"""Backend-independent definitions: config, Walsh/Hadamard construction, quantizers, ops, backends."""

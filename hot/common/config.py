@@ -1,0 +1,184 @@
+"""HOTConfig: one frozen dataclass with one sub-config per backward path.
+
+Names from the paper (Kim et al., "HOT: Hadamard-based Optimized Training", CVPR 2025):
+
+* **HQ** (Hadamard Quantization), the g_x path: g_x = g_y W is computed from 4-bit operands
+  after a 16-point block Walsh-Hadamard transform along the output channels O.
+* **HLA** (Hadamard Low-rank Approximation), the g_W path: g_W = g_y^T x is computed from
+  the r lowest-sequency Walsh coefficients of every block of 16 token rows, in INT8.
+* **ABC** (Activation Buffer Compression): the forward saves only the HLA-compressed INT8
+  copy of x (``T x``) for the g_W path, never x itself.
+* **LQS** (Layer-wise Quantizer Selection): each layer chooses per-token or per-tensor scaling
+  of g_y on the g_x path from its own gradient statistics.
+
+``HOTConfig()`` is the paper's setting; ``HOTConfig.exact()`` disables quantization and low rank
+so that gradients equal autograd's (up to float rounding of the orthonormal transforms).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+VALID_BITS = (4, 8)
+VALID_RANKS = (1, 2, 4, 8, 16)
+BLOCK = 16  # the paper's block size for both transforms; kernels assume it
+
+
+class HOTConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the fix."""
+
+
+def _check_bits(where: str, bits: Optional[int]) -> None:
+    if bits is not None and bits not in VALID_BITS:
+        raise HOTConfigError(
+            f"{where}={bits!r} is not supported: use 4 or 8 (integer GEMMs exist only for these), "
+            f"or None to turn quantization off on this path."
+        )
+
+
+def _check_choice(where: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise HOTConfigError(f"{where}={value!r} is not one of {choices}.")
+
+
+@dataclass(frozen=True)
+class HQConfig:
+    """The g_x path (HQ): g_x = deq(Q(g_y H) . Q(H^T W)).
+
+    bits: 4 (paper) or 8; None = no quantization (the transform still runs, exactly).
+    gy_scale: "auto" lets LQS pick per layer; "token" or "tensor" forces one choice.
+    w_scale: "channel" = one scale per input channel of W (constant along the contracted
+        dimension O, so an integer GEMM can apply it in its epilogue), or "tensor".
+    gy_rounding / w_rounding: "stochastic" (unbiased) or "nearest".
+    """
+
+    bits: Optional[int] = 4
+    gy_scale: str = "auto"
+    w_scale: str = "channel"
+    gy_rounding: str = "stochastic"
+    w_rounding: str = "stochastic"
+
+    def __post_init__(self) -> None:
+        _check_bits("HQConfig.bits", self.bits)
+        _check_choice("HQConfig.gy_scale", self.gy_scale, ("auto", "token", "tensor"))
+        _check_choice("HQConfig.w_scale", self.w_scale, ("channel", "tensor"))
+        _check_choice("HQConfig.gy_rounding", self.gy_rounding, ("stochastic", "nearest"))
+        _check_choice("HQConfig.w_rounding", self.w_rounding, ("stochastic", "nearest"))
+
+
+@dataclass(frozen=True)
+class HLAConfig:
+    """The g_W path (HLA) and what the forward saves (ABC).
+
+    rank: r of every 16 Walsh coefficients kept per block of 16 token rows; 16 = no low rank.
+    selection: "lowpass" = the r lowest sequencies (1-D low-pass, default, best measured accuracy);
+        "lp_l1" = the paper's 2-D LP_L1 criterion from LBP-WHT read on a 4x4 grid.
+    blocking: "flat" = blocks of 16 consecutive rows of the flattened token axis (default);
+        "sequence" = blocks stay inside each sequence (the second-to-last input dimension),
+        each sequence zero-padded to a multiple of 16.
+    bits: 8 (paper) or 4; None = no quantization.
+    scale: "channel" = per output channel for T g_y and per input channel for T x; or "tensor".
+    rounding: "stochastic" or "nearest", for both operands (T g_y and the saved T x).
+    """
+
+    rank: int = 8
+    selection: str = "lowpass"
+    blocking: str = "flat"
+    bits: Optional[int] = 8
+    scale: str = "channel"
+    rounding: str = "stochastic"
+
+    def __post_init__(self) -> None:
+        if self.rank not in VALID_RANKS:
+            raise HOTConfigError(
+                f"HLAConfig.rank={self.rank!r} is not supported: use one of {VALID_RANKS} "
+                f"(rows kept of every {BLOCK}-point Walsh block; 16 = no low rank)."
+            )
+        _check_choice("HLAConfig.selection", self.selection, ("lowpass", "lp_l1"))
+        _check_choice("HLAConfig.blocking", self.blocking, ("flat", "sequence"))
+        _check_bits("HLAConfig.bits", self.bits)
+        _check_choice("HLAConfig.scale", self.scale, ("channel", "tensor"))
+        _check_choice("HLAConfig.rounding", self.rounding, ("stochastic", "nearest"))
+
+
+@dataclass(frozen=True)
+class LQSConfig:
+    """Layer-wise quantizer selection for g_y on the g_x path.
+
+    A layer picks per-token scaling when its expected quantization error is below
+    ``ratio`` times that of per-tensor scaling, measured on the transformed g_y of the
+    first ``calibration_steps`` backward passes (per-token is used while calibrating).
+    """
+
+    ratio: float = 0.5
+    calibration_steps: int = 1
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.ratio <= 1.0):
+            raise HOTConfigError(f"LQSConfig.ratio={self.ratio!r} must be in (0, 1].")
+        if self.calibration_steps < 1:
+            raise HOTConfigError(
+                f"LQSConfig.calibration_steps={self.calibration_steps!r} must be >= 1."
+            )
+
+
+@dataclass(frozen=True)
+class HOTConfig:
+    """Everything that defines HOT's backward pass for one layer.
+
+    exact_steps: the first N backward calls of each layer use exact gradients (and save x).
+    int8_steps: after those, N more calls run the g_x path at 8 bits (the paper's pre-training
+        schedule runs INT8 for the first epochs, then the target bit width).
+    seed: None draws each stochastic-rounding seed from torch's default CPU generator (so
+        ``torch.manual_seed`` makes runs repeatable); an int derives seeds from
+        (seed, layer, step) without touching any torch generator.
+    """
+
+    hq: HQConfig = field(default_factory=HQConfig)
+    hla: HLAConfig = field(default_factory=HLAConfig)
+    lqs: LQSConfig = field(default_factory=LQSConfig)
+    exact_steps: int = 0
+    int8_steps: int = 0
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name in ("exact_steps", "int8_steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise HOTConfigError(f"HOTConfig.{name}={v!r} must be a non-negative int.")
+
+    @classmethod
+    def paper(cls) -> "HOTConfig":
+        """The paper's setting: HQ 4-bit, HLA rank 8 of 16 in INT8, ABC, LQS (same as HOTConfig())."""
+        return cls()
+
+    @classmethod
+    def exact(cls) -> "HOTConfig":
+        """No quantization and no low rank: the transforms run but are orthonormal, so the
+        gradients equal autograd's up to float rounding."""
+        return cls(hq=HQConfig(bits=None), hla=HLAConfig(rank=16, bits=None))
+
+    def replace(self, **changes) -> "HOTConfig":
+        """A copy with top-level fields replaced; sub-configs take dicts of their own fields,
+        e.g. ``cfg.replace(hla={"rank": 4})``."""
+        out = {}
+        for k, v in changes.items():
+            cur = getattr(self, k)
+            if isinstance(v, dict) and dataclasses.is_dataclass(cur):
+                v = dataclasses.replace(cur, **v)
+            out[k] = v
+        return dataclasses.replace(self, **out)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HOTConfig":
+        return cls(
+            hq=HQConfig(**d.get("hq", {})),
+            hla=HLAConfig(**d.get("hla", {})),
+            lqs=LQSConfig(**d.get("lqs", {})),
+            **{k: v for k, v in d.items() if k not in ("hq", "hla", "lqs")},
+        )

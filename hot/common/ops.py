@@ -1,0 +1,106 @@
+"""The three backend operations of HOT, declared once with torch.library.
+
+Every backend implements exactly these; the autograd function composes them and nothing else,
+so two backends can be compared operation by operation. Fake (meta) implementations give the
+output shapes, so torch.compile can trace through them.
+
+Shared conventions: block = 16; ``bits = 0`` means "no quantization" (q is float32 and scale is
+ones); ``scale_mode`` is 'row' (one scale per output row) or 'tensor' (one scale); ``seed`` feeds
+the counter-based stream of ``hot.common.quant.uniform`` over the row-major index of q.
+
+hq_quantize(x (R, C), bits, scale_mode, stochastic, seed) -> q (R, C16), scale (R|1, 1)
+    C16 = C rounded up to a multiple of 16 (zero columns). With H = hadamard16() on each block
+    of 16 consecutive columns:  q * scale ~= pad(x) @ (I (x) H).
+    Used for g_y (R = tokens, C = O: scale per token or per tensor) and for W^T (R = I, C = O:
+    scale per input channel), so both scales are constant along the contracted dimension O.
+
+hla_quantize(x (L, C), rank, selection, bits, scale_mode, stochastic, seed) -> q (C, Lr), scale (C|1, 1)
+    L16 = L rounded up to a multiple of 16 (zero rows), Lr = L16 / 16 * rank. With T_r =
+    hla_matrix(rank, selection) on each block of 16 consecutive rows:
+    q * scale ~= ((I (x) T_r) pad(x))^T, i.e. q[c, j*rank + t] ~ sum_i T_r[t, i] x[16 j + i, c].
+    Used for g_y (C = O) in backward and for x (C = I) in forward (ABC saves this q).
+
+int_gemm_nt(a (M, K), b (N, K), sa (M|1, 1), sb (N|1, 1), out_dtype) -> (M, N)
+    (a @ b^T) * sa * sb^T, with the integer products accumulated exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backend import get_backend
+from .config import BLOCK
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "float64": torch.float64}
+
+
+def pad_to(n: int, m: int = BLOCK) -> int:
+    return (n + m - 1) // m * m
+
+
+def _q_dtype(bits: int, x: torch.Tensor) -> torch.dtype:
+    if bits:
+        return torch.int8
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("hot::hq_quantize", mutates_args=())
+def hq_quantize(
+    x: torch.Tensor, bits: int, scale_mode: str, stochastic: bool, seed: int, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return get_backend(backend).hq_quantize(x, bits, scale_mode, stochastic, seed)
+
+
+@hq_quantize.register_fake
+def _(x, bits, scale_mode, stochastic, seed, backend):
+    r, c = x.shape
+    q = x.new_empty((r, pad_to(c)), dtype=_q_dtype(bits, x))
+    s = x.new_empty((r if scale_mode == "row" else 1, 1), dtype=torch.float32)
+    return q, s
+
+
+@torch.library.custom_op("hot::hla_quantize", mutates_args=())
+def hla_quantize(
+    x: torch.Tensor,
+    rank: int,
+    selection: str,
+    bits: int,
+    scale_mode: str,
+    stochastic: bool,
+    seed: int,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return get_backend(backend).hla_quantize(x, rank, selection, bits, scale_mode, stochastic, seed)
+
+
+@hla_quantize.register_fake
+def _(x, rank, selection, bits, scale_mode, stochastic, seed, backend):
+    length, c = x.shape
+    q = x.new_empty((c, pad_to(length) // BLOCK * rank), dtype=_q_dtype(bits, x))
+    s = x.new_empty((c if scale_mode == "row" else 1, 1), dtype=torch.float32)
+    return q, s
+
+
+@torch.library.custom_op("hot::int_gemm_nt", mutates_args=())
+def int_gemm_nt(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    sa: torch.Tensor,
+    sb: torch.Tensor,
+    out_dtype: str,
+    backend: str,
+) -> torch.Tensor:
+    return get_backend(backend).int_gemm_nt(a, b, sa, sb, _DTYPES[out_dtype])
+
+
+@int_gemm_nt.register_fake
+def _(a, b, sa, sb, out_dtype, backend):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=_DTYPES[out_dtype])
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for k, v in _DTYPES.items():
+        if v == dtype:
+            return k
+    raise ValueError(f"unsupported dtype {dtype}")

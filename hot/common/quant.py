@@ -1,0 +1,150 @@
+"""Quantizer definitions shared by every backend: levels, scales, rounding, the random stream.
+
+Exact math (b = bits, qmax = 2^(b-1) - 1, symmetric levels -qmax..qmax, no -2^(b-1) code):
+
+    amax  = max |x| over the scale group (a row, a column, or the whole tensor)
+    scale = amax / qmax, or 1 where amax == 0 (an all-zero group quantizes to exact zeros)
+    v     = x / scale
+    q     = clamp(floor(v + u), -qmax, qmax)   stochastic, u ~ U[0, 1) from ``uniform``
+          = clamp(round_half_even(v), ...)      nearest
+    x_hat = q * scale
+
+Stochastic rounding is unbiased: E[floor(v + u)] = v for u uniform on [0, 1). Our u takes the
+2^24 values k / 2^24, which biases E[q] by less than 2^-24 of a step.
+
+Non-finite input: a group that holds a NaN or Inf gets a non-finite scale (amax propagates it),
+its q is stored as 0, and every product with that scale is non-finite. Integer storage cannot hold
+NaN; the scale carries it, so an AMP GradScaler still sees the overflow.
+
+The random stream is a counter-based hash, so a GPU kernel and this file produce the same bits:
+
+    key     = mix32(seed XOR 0x9E3779B9)
+    bits32  = mix32((index mod 2^32) XOR key)
+    u       = (bits32 >> 8) / 2^24
+
+where ``index`` is the row-major position of the element in the quantized output tensor, and
+mix32 is the "lowbias32" integer finalizer (xor-shift 16, * 0x7FEB352D, xor-shift 15,
+* 0x846CA68B, xor-shift 16, all modulo 2^32).
+"""
+
+from __future__ import annotations
+
+import torch
+
+M32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B9
+MIX_C1 = 0x7FEB352D
+MIX_C2 = 0x846CA68B
+
+
+def qmax(bits: int) -> int:
+    return (1 << (bits - 1)) - 1
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    # x < 2^32 in int64; split c so no product overflows int64.
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & M32
+
+
+def mix32_tensor(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 on an int64 tensor holding values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, MIX_C1)
+    x = x ^ (x >> 15)
+    x = _mul32(x, MIX_C2)
+    x = x ^ (x >> 16)
+    return x
+
+
+def mix32(x: int) -> int:
+    """lowbias32 on a Python int (the same function as ``mix32_tensor``)."""
+    x &= M32
+    x ^= x >> 16
+    x = (x * MIX_C1) & M32
+    x ^= x >> 15
+    x = (x * MIX_C2) & M32
+    x ^= x >> 16
+    return x
+
+
+def seed_key(seed: int) -> int:
+    return mix32((seed & M32) ^ GOLDEN)
+
+
+def derive_seed(*parts: int) -> int:
+    """A 31-bit seed from several integers (layer id, step, operand), mixed so nearby inputs differ."""
+    h = 0x2545F491
+    for p in parts:
+        h = mix32(h ^ mix32(int(p) & M32))
+    return h & 0x7FFFFFFF
+
+
+def uniform(seed: int, shape: tuple[int, ...], device=None) -> torch.Tensor:
+    """u in [0, 1) for every element of a tensor of ``shape``, indexed row-major (float32)."""
+    n = 1
+    for s in shape:
+        n *= s
+    idx = torch.arange(n, device=device, dtype=torch.int64) & M32
+    bits = mix32_tensor(idx ^ seed_key(seed))
+    return ((bits >> 8).to(torch.float32) * (1.0 / (1 << 24))).reshape(shape)
+
+
+def absmax_scale(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
+    """scale = amax / qmax over rows ('row' -> (R,1)), columns ('col' -> (1,C)) or all ('tensor' -> (1,1)).
+
+    NaN/Inf propagate into the scale; all-zero groups get scale 1.
+    """
+    a = x.abs()
+    if mode == "row":
+        amax = a.amax(dim=1, keepdim=True)
+    elif mode == "col":
+        amax = a.amax(dim=0, keepdim=True)
+    elif mode == "tensor":
+        amax = a.amax().reshape(1, 1)
+        # amax ignores NaN on some builds only via nan_to_num; make NaN explicit.
+        if torch.isnan(x).any():
+            amax = torch.full_like(amax, float("nan"))
+    else:
+        raise ValueError(f"scale mode {mode!r}")
+    amax = amax.to(torch.float32)
+    scale = amax / qmax(bits)
+    return torch.where(amax == 0, torch.ones_like(scale), scale)
+
+
+def round_to_levels(
+    v: torch.Tensor, bits: int, stochastic: bool, seed: int
+) -> torch.Tensor:
+    """Round v (already divided by its scale) to the integer levels; returns int8.
+
+    Non-finite v is stored as 0 (its scale is non-finite and carries the NaN/Inf).
+    """
+    m = qmax(bits)
+    if stochastic:
+        q = torch.floor(v + uniform(seed, tuple(v.shape), device=v.device))
+    else:
+        q = torch.round(v)
+    q = torch.clamp(q, -m, m)
+    q = torch.where(torch.isfinite(q), q, torch.zeros_like(q))
+    return q.to(torch.int8)
+
+
+def quantize(
+    x: torch.Tensor, bits: int, mode: str, stochastic: bool, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8, scale fp32) with x ~= q * scale; see the module docstring for the exact math."""
+    x = x.to(torch.float32)
+    scale = absmax_scale(x, bits, mode)
+    return round_to_levels(x / scale, bits, stochastic, seed), scale
+
+
+def expected_sr_error(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
+    """E ||x - SR(x)||^2 under stochastic rounding: sum scale^2 * f (1 - f), f = frac(x / scale).
+
+    Deterministic (no random draw), which is why LQS uses it rather than one noisy sample.
+    """
+    x = x.to(torch.float32)
+    scale = absmax_scale(x, bits, mode)
+    v = x / scale
+    f = v - torch.floor(v)
+    return (scale.expand_as(v) ** 2 * f * (1 - f)).sum()

@@ -1,0 +1,152 @@
+"""The autograd functions: exact forward, HOT backward, composed only of backend operations.
+
+For a layer y = x W^T + b with tokens flattened to rows (x: L x I, g_y: L x O):
+
+    forward   y = F.linear(x, W, b) (or F.conv2d), unchanged
+              ABC: save (q_x, s_x) = hla_quantize(x), never x itself
+    backward  g_x = int_gemm_nt(hq_quantize(g_y), hq_quantize(W^T))           (HQ)
+              g_W = int_gemm_nt(hla_quantize(g_y), q_x) with scales s_gy, s_x   (HLA)
+              g_b = sum over tokens of g_y                                      (exact)
+
+A frozen weight skips ABC and the g_W path; an input that needs no gradient skips the g_x path
+and does not keep W. During the layer's first ``exact_steps`` backward calls everything is exact
+(and x is saved).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..common import ops
+from ..common.ops import dtype_name
+from .state import LayerPlan, begin_backward
+
+
+def _seq_pad(t: torch.Tensor, seq: int) -> torch.Tensor:
+    """Pad each sequence of ``seq`` consecutive rows to a multiple of 16 rows (blocking='sequence')."""
+    if seq <= 0:
+        return t
+    n = t.shape[0] // seq
+    s16 = ops.pad_to(seq)
+    if s16 == seq:
+        return t
+    return F.pad(t.reshape(n, seq, -1), (0, 0, 0, s16 - seq)).reshape(n * s16, -1)
+
+
+def abc_save(plan: LayerPlan, x2d: torch.Tensor):
+    """What the forward keeps for the g_W path: (q_x, s_x), or x itself while exact."""
+    if plan.exact:
+        return (x2d,)
+    h = plan.config.hla
+    q, s = ops.hla_quantize(
+        _seq_pad(x2d, plan.seq), h.rank, h.selection, h.bits or 0,
+        "row" if h.scale == "channel" else "tensor", h.rounding == "stochastic",
+        plan.seed_x, plan.backend,
+    )
+    return (q, s)
+
+
+def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx: bool,
+                 need_gw: bool, x_dtype: torch.dtype, w_dtype: torch.dtype):
+    """(g_x as L x I, g_W as O x I); either is None when not needed."""
+    bp = begin_backward(layer, plan, gy2d)
+    gx = gw = None
+    o = gy2d.shape[1]
+    if need_gx:
+        if bp.exact:
+            gx = (gy2d @ w2d.to(gy2d.dtype)).to(x_dtype)
+        else:
+            hq = plan.config.hq
+            qg, sg = ops.hq_quantize(gy2d, bp.gx_bits, bp.gy_scale_mode,
+                                     hq.gy_rounding == "stochastic", bp.seed_gy, plan.backend)
+            qw, sw = ops.hq_quantize(w2d.t(), bp.gx_bits,
+                                     "row" if hq.w_scale == "channel" else "tensor",
+                                     hq.w_rounding == "stochastic", bp.seed_w, plan.backend)
+            gx = ops.int_gemm_nt(qg, qw, sg, sw, dtype_name(x_dtype), plan.backend)
+    if need_gw:
+        if bp.exact:
+            (x2d,) = saved
+            gw = (gy2d.t().to(x2d.dtype) @ x2d).to(w_dtype)
+        else:
+            h = plan.config.hla
+            qx, sx = saved
+            qg, sg = ops.hla_quantize(
+                _seq_pad(gy2d, plan.seq), h.rank, h.selection, h.bits or 0,
+                "row" if h.scale == "channel" else "tensor", h.rounding == "stochastic",
+                bp.seed_hla, plan.backend)
+            gw = ops.int_gemm_nt(qg, qx, sg, sx, dtype_name(w_dtype), plan.backend)
+    assert gw is None or gw.shape[0] == o
+    return gx, gw
+
+
+class HOTLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer, plan: LayerPlan):
+        y = F.linear(x, weight, bias)
+        need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        x2d = x.reshape(-1, x.shape[-1])
+        saved = abc_save(plan, x2d) if need_gw else ()
+        ctx.n_saved = len(saved)
+        ctx.save_for_backward(*saved, *((weight,) if need_gx else ()))
+        ctx.layer, ctx.plan = layer, plan
+        ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        need_gx, need_gw, need_gb = ctx.needs_input_grad[:3]
+        t = ctx.saved_tensors
+        saved, w = t[: ctx.n_saved], (t[ctx.n_saved] if need_gx else None)
+        gy2d = gy.reshape(-1, gy.shape[-1])
+        gx, gw = hot_backward(ctx.layer, ctx.plan, gy2d, w, saved, need_gx, need_gw,
+                              ctx.x_dtype, ctx.w_dtype)
+        if gx is not None:
+            gx = gx.reshape(ctx.x_shape)
+        gb = gy2d.sum(0) if (ctx.has_bias and need_gb) else None
+        return gx, gw, gb, None, None
+
+
+class HOTConv2dFunction(torch.autograd.Function):
+    """Conv2d (groups = 1) as a linear over unfolded patches: rows = (image, output position),
+    columns = C * kh * kw. Forward uses F.conv2d; only the ABC copy is built from the patches."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer, plan: LayerPlan, geom):
+        stride, padding, dilation = geom
+        y = F.conv2d(x, weight, bias, stride, padding, dilation)
+        need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        saved = ()
+        if need_gw:
+            # The unfolded patches are a transient of kh*kw times x's size (freed after ABC).
+            xu = F.unfold(x, weight.shape[-2:], dilation, padding, stride)  # (B, Ckk, L)
+            saved = abc_save(plan, xu.transpose(1, 2).reshape(-1, xu.shape[1]))
+            del xu
+        ctx.n_saved = len(saved)
+        ctx.save_for_backward(*saved, *((weight,) if need_gx else ()))
+        ctx.layer, ctx.plan, ctx.geom = layer, plan, geom
+        ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
+        ctx.w_shape, ctx.has_bias = weight.shape, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        need_gx, need_gw, need_gb = ctx.needs_input_grad[:3]
+        stride, padding, dilation = ctx.geom
+        t = ctx.saved_tensors
+        saved = t[: ctx.n_saved]
+        w = t[ctx.n_saved].reshape(ctx.w_shape[0], -1) if need_gx else None
+        o = gy.shape[1]
+        gy2d = gy.permute(0, 2, 3, 1).reshape(-1, o)
+        gx, gw = hot_backward(ctx.layer, ctx.plan, gy2d, w, saved, need_gx, need_gw,
+                              ctx.x_dtype, ctx.w_dtype)
+        if gx is not None:
+            b = ctx.x_shape[0]
+            gx = gx.reshape(b, -1, gx.shape[1]).transpose(1, 2)
+            # fold is the adjoint of unfold: overlapping patches sum, as the exact gradient does.
+            gx = F.fold(gx, ctx.x_shape[-2:], ctx.w_shape[-2:], dilation, padding, stride)
+        if gw is not None:
+            gw = gw.reshape(ctx.w_shape)
+        gb = gy2d.sum(0) if (ctx.has_bias and need_gb) else None
+        return gx, gw, gb, None, None, None

@@ -1,0 +1,200 @@
+"""HOTLinear and HOTConv2d: drop-in subclasses of nn.Linear / nn.Conv2d with HOT's backward.
+
+They share the original Parameter objects (so optimizers, peft and FSDP see the same tensors)
+and add two persistent buffers, ``hot_step`` and ``hot_lqs`` (see ``hot.nn.state``).
+"""
+
+from __future__ import annotations
+
+import copy
+import zlib
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from ..common.backend import resolve_backend
+from ..common.config import HOTConfig
+from .function import HOTConv2dFunction, HOTLinearFunction
+from .state import LQS_UNDECIDED, make_plan
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+class HOTLayerError(ValueError):
+    """Bad input to a HOT layer; the message names the layer, the value and the fix."""
+
+
+def _adopt(cls, mod: nn.Module):
+    """A ``cls`` instance that holds ``mod``'s attributes, hooks and the same Parameter objects."""
+    new = cls.__new__(cls)
+    nn.Module.__init__(new)
+    # Copy containers (hooks, buffer sets) so the two modules never share mutable state.
+    new.__dict__.update({k: (copy.copy(v) if isinstance(v, (dict, set)) else v)
+                         for k, v in mod.__dict__.items()
+                         if k not in ("_parameters", "_buffers", "_modules")})
+    new._parameters.update(mod._parameters)
+    new._buffers.update(mod._buffers)
+    new._modules.update(mod._modules)
+    return new
+
+
+class _HOTMixin:
+    hot_config: HOTConfig
+    hot_name: str
+    hot_backend: Optional[str]
+
+    def _hot_init(self, config: HOTConfig, name: str, backend: Optional[str]) -> None:
+        self.hot_config = config
+        self.hot_name = name
+        self.hot_backend = backend
+        self.hot_id = zlib.crc32(name.encode())
+        dev = self.weight.device
+        self.register_buffer("hot_step", torch.zeros((), dtype=torch.int64, device=dev))
+        self.register_buffer("hot_lqs", torch.full((), LQS_UNDECIDED, dtype=torch.int8, device=dev))
+        self.register_buffer("hot_lqs_err", torch.zeros(2, dtype=torch.float64, device=dev),
+                             persistent=False)
+        self.register_buffer("hot_lqs_seen", torch.zeros((), dtype=torch.int64, device=dev),
+                             persistent=False)
+        self._hot_resolved: dict = {}
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # A plain model's checkpoint has no hot_* buffers: keep their current values.
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        for k in ("hot_step", "hot_lqs"):
+            if prefix + k in missing_keys:
+                missing_keys.remove(prefix + k)
+
+    def _backend_for(self, device: torch.device) -> str:
+        key = (str(device), self.hot_backend)
+        if key not in self._hot_resolved:
+            self._hot_resolved[key] = resolve_backend(self.hot_backend, device, self.hot_name)
+        return self._hot_resolved[key]
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.dtype not in SUPPORTED_DTYPES:
+            raise HOTLayerError(
+                f"HOT layer {self.hot_name!r}: input dtype {x.dtype} is not supported; "
+                f"use float32, bfloat16 or float16 (e.g. x.float()), or exclude this layer "
+                f"with hot.convert(..., filter=...)."
+            )
+        if self.weight.dtype not in SUPPORTED_DTYPES:
+            raise HOTLayerError(
+                f"HOT layer {self.hot_name!r}: weight dtype {self.weight.dtype} is not supported; "
+                f"use float32, bfloat16 or float16 weights."
+            )
+
+    def _autocast(self, x, weight, bias):
+        dev = x.device.type
+        if torch.is_autocast_enabled(dev):
+            dt = torch.get_autocast_dtype(dev)
+            x, weight = x.to(dt), weight.to(dt)
+            bias = bias.to(dt) if bias is not None else None
+        return x, weight, bias
+
+    def set_hot_config(self, config: HOTConfig) -> None:
+        self.hot_config = config
+
+    def hot_extra_repr(self) -> str:
+        c = self.hot_config
+        return (f"hq_bits={c.hq.bits}, hla_rank={c.hla.rank}, hla_bits={c.hla.bits}, "
+                f"lqs={int(self.hot_lqs)}")
+
+
+class HOTLinear(_HOTMixin, nn.Linear):
+    @classmethod
+    def from_linear(cls, mod: nn.Linear, config: HOTConfig, name: str = "",
+                    backend: Optional[str] = None) -> "HOTLinear":
+        new = _adopt(cls, mod)
+        new._hot_init(config, name, backend)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        if x.shape[-1] != self.in_features:
+            raise HOTLayerError(
+                f"HOT layer {self.hot_name!r}: input has {x.shape[-1]} features in its last "
+                f"dimension, but the layer expects in_features={self.in_features}."
+            )
+        if not torch.is_grad_enabled() or not (x.requires_grad or self.weight.requires_grad
+                                               or (self.bias is not None and self.bias.requires_grad)):
+            return nn.functional.linear(x, self.weight, self.bias)
+        x, w, b = self._autocast(x, self.weight, self.bias)
+        cfg = self.hot_config
+        seq = x.shape[-2] if (cfg.hla.blocking == "sequence" and x.dim() >= 3) else 0
+        plan = make_plan(self, cfg, self._backend_for(x.device), seq)
+        with torch.autocast(x.device.type, enabled=False):
+            return HOTLinearFunction.apply(x, w, b, self, plan)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", " + self.hot_extra_repr()
+
+
+class HOTConv2d(_HOTMixin, nn.Conv2d):
+    @classmethod
+    def from_conv(cls, mod: nn.Conv2d, config: HOTConfig, name: str = "",
+                  backend: Optional[str] = None) -> "HOTConv2d":
+        new = _adopt(cls, mod)
+        new._hot_init(config, name, backend)
+        return new
+
+    def _geom(self):
+        pad = self.padding
+        if isinstance(pad, str):
+            pad = _resolve_padding(self)
+        return (tuple(self.stride), tuple(pad), tuple(self.dilation))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        if x.dim() != 4:
+            raise HOTLayerError(
+                f"HOT layer {self.hot_name!r}: HOTConv2d takes 4-D input (N, C, H, W), got shape "
+                f"{tuple(x.shape)}; add a batch dimension (x.unsqueeze(0))."
+            )
+        if not torch.is_grad_enabled() or not (x.requires_grad or self.weight.requires_grad
+                                               or (self.bias is not None and self.bias.requires_grad)):
+            return self._conv_forward(x, self.weight, self.bias)
+        x, w, b = self._autocast(x, self.weight, self.bias)
+        cfg = self.hot_config
+        geom = self._geom()
+        if cfg.hla.blocking == "sequence":
+            h = (x.shape[2] + 2 * geom[1][0] - geom[2][0] * (w.shape[2] - 1) - 1) // geom[0][0] + 1
+            wd = (x.shape[3] + 2 * geom[1][1] - geom[2][1] * (w.shape[3] - 1) - 1) // geom[0][1] + 1
+            seq = h * wd
+        else:
+            seq = 0
+        plan = make_plan(self, cfg, self._backend_for(x.device), seq)
+        with torch.autocast(x.device.type, enabled=False):
+            return HOTConv2dFunction.apply(x, w, b, self, plan, geom)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", " + self.hot_extra_repr()
+
+
+def _resolve_padding(mod: nn.Conv2d) -> tuple[int, int]:
+    if mod.padding == "valid":
+        return (0, 0)
+    # 'same' (stride 1): total padding d*(k-1) per side pair must split evenly for unfold.
+    out = []
+    for k, d in zip(mod.kernel_size, mod.dilation):
+        total = d * (k - 1)
+        if total % 2:
+            raise HOTLayerError(f"padding='same' with an even effective kernel is asymmetric")
+        out.append(total // 2)
+    return tuple(out)
+
+
+def conv_supported(mod: nn.Conv2d) -> Optional[str]:
+    """None if HOTConv2d can replace ``mod``, else the reason it stays a standard layer."""
+    if mod.groups != 1:
+        return f"groups={mod.groups} (grouped/depthwise convolutions stay standard layers)"
+    if mod.padding_mode != "zeros":
+        return f"padding_mode={mod.padding_mode!r} (only 'zeros' is supported)"
+    if isinstance(mod.padding, str) and mod.padding == "same":
+        try:
+            _resolve_padding(mod)
+        except HOTLayerError:
+            return "padding='same' with an even kernel (asymmetric padding)"
+    return None

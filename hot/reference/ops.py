@@ -1,0 +1,86 @@
+"""The reference backend: the executable specification of HOT's operations in plain PyTorch.
+
+Each function computes exactly what ``hot.common.ops`` documents, on CPU or GPU, with real
+integer codes (int8 tensors) and a floating-point GEMM that is exact for them (see
+``int_gemm_nt``). Readable first; speed is the fast backend's job.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..common import quant
+from ..common.backend import Backend, register_backend
+from ..common.config import BLOCK
+from ..common.ops import pad_to
+from ..common.walsh import hadamard16, hla_matrix
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def hq_transform(x: torch.Tensor) -> torch.Tensor:
+    """pad(x) @ (I (x) H16) along the last dimension of a 2-D x, in float32 (float64 stays)."""
+    dt = _compute_dtype(x)
+    r, c = x.shape
+    c16 = pad_to(c)
+    xp = F.pad(x.to(dt), (0, c16 - c))
+    h = hadamard16().to(device=x.device, dtype=dt)
+    return (xp.reshape(r, c16 // BLOCK, BLOCK) @ h).reshape(r, c16)
+
+
+def hla_transform(x: torch.Tensor, rank: int, selection: str) -> torch.Tensor:
+    """((I (x) T_r) pad(x))^T for a 2-D x (L, C): shape (C, L16 / 16 * rank)."""
+    dt = _compute_dtype(x)
+    length, c = x.shape
+    l16 = pad_to(length)
+    xp = F.pad(x.to(dt), (0, 0, 0, l16 - length))
+    t = hla_matrix(rank, selection).to(device=x.device, dtype=dt)  # (rank, 16)
+    blocks = xp.reshape(l16 // BLOCK, BLOCK, c).transpose(1, 2)  # (nb, C, 16)
+    coef = blocks @ t.t()  # (nb, C, rank)
+    return coef.permute(1, 0, 2).reshape(c, l16 // BLOCK * rank)
+
+
+def _finish(t: torch.Tensor, bits: int, scale_mode: str, stochastic: bool, seed: int):
+    if bits == 0:
+        return t, torch.ones((t.shape[0] if scale_mode == "row" else 1, 1),
+                             dtype=torch.float32, device=t.device)
+    return quant.quantize(t, bits, scale_mode, stochastic, seed)
+
+
+def hq_quantize(x, bits, scale_mode, stochastic, seed):
+    return _finish(hq_transform(x), bits, scale_mode, stochastic, seed)
+
+
+def hla_quantize(x, rank, selection, bits, scale_mode, stochastic, seed):
+    return _finish(hla_transform(x, rank, selection), bits, scale_mode, stochastic, seed)
+
+
+def int_gemm_nt(a, b, sa, sb, out_dtype):
+    """(a @ b^T) * sa * sb^T. Integer codes are multiplied in float32 when every partial sum is
+    an integer below 2^24 (then float32 is exact), else in float64 (exact below 2^53)."""
+    if a.dtype == torch.int8 and b.dtype == torch.int8:
+        k = a.shape[1]
+        bound = k * int(a.abs().max().item() if a.numel() else 0) * int(
+            b.abs().max().item() if b.numel() else 0)
+        acc_dt = torch.float32 if bound < (1 << 24) else torch.float64
+        acc = a.to(acc_dt) @ b.to(acc_dt).t()
+        out = acc.to(torch.float32) * sa * sb.t()
+    else:
+        dt = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
+        acc = a.to(dt) @ b.to(dt).t()
+        out = acc * sa.to(dt) * sb.to(dt).t()
+    return out.to(out_dtype)
+
+
+register_backend(
+    Backend(
+        name="reference",
+        hq_quantize=hq_quantize,
+        hla_quantize=hla_quantize,
+        int_gemm_nt=int_gemm_nt,
+        why_unavailable=lambda device: None,
+    )
+)
