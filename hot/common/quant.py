@@ -16,7 +16,12 @@ Non-finite input: a group that holds a NaN or Inf gets a non-finite scale (amax 
 its q is stored as 0, and every product with that scale is non-finite. Integer storage cannot hold
 NaN; the scale carries it, so an AMP GradScaler still sees the overflow.
 
-The random stream is a counter-based hash, so a GPU kernel and this file produce the same bits:
+Random numbers u come from one of two streams, both a function of (seed, element index) only:
+
+* "torch" (the reference's default, fast on CPU): torch.rand from a torch.Generator seeded with
+  ``seed``, in row-major order.
+* "hash" (what the fast kernels compute; the reference uses it inside ``hash_rng()`` or with
+  HOT_RNG=hash, so tests can compare both backends bit for bit): a counter-based hash,
 
     key     = mix32(seed XOR 0x9E3779B9)
     bits32  = mix32((index mod 2^32) XOR key)
@@ -28,6 +33,9 @@ mix32 is the "lowbias32" integer finalizer (xor-shift 16, * 0x7FEB352D, xor-shif
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 import torch
 
@@ -80,8 +88,36 @@ def derive_seed(*parts: int) -> int:
     return h & 0x7FFFFFFF
 
 
+_RNG = {"mode": os.environ.get("HOT_RNG", "torch")}
+
+
+@contextlib.contextmanager
+def hash_rng():
+    """Inside this block the reference draws its stochastic-rounding numbers from the hash
+    stream that the fast kernels use (test mode for bit-exact differential tests)."""
+    old = _RNG["mode"]
+    _RNG["mode"] = "hash"
+    try:
+        yield
+    finally:
+        _RNG["mode"] = old
+
+
+def rng_mode() -> str:
+    return _RNG["mode"]
+
+
 def uniform(seed: int, shape: tuple[int, ...], device=None) -> torch.Tensor:
-    """u in [0, 1) for every element of a tensor of ``shape``, indexed row-major (float32)."""
+    """u in [0, 1) for every element of a tensor of ``shape`` (float32), from the current stream."""
+    if _RNG["mode"] == "hash":
+        return hash_uniform(seed, shape, device)
+    g = torch.Generator(device=device if device is not None else "cpu")
+    g.manual_seed(int(seed))
+    return torch.rand(shape, generator=g, device=device, dtype=torch.float32)
+
+
+def hash_uniform(seed: int, shape: tuple[int, ...], device=None) -> torch.Tensor:
+    """The hash stream: u for the element at row-major index i is mix32(i ^ key(seed)) >> 8 / 2^24."""
     n = 1
     for s in shape:
         n *= s
@@ -102,9 +138,6 @@ def absmax_scale(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
         amax = a.amax(dim=0, keepdim=True)
     elif mode == "tensor":
         amax = a.amax().reshape(1, 1)
-        # amax ignores NaN on some builds only via nan_to_num; make NaN explicit.
-        if torch.isnan(x).any():
-            amax = torch.full_like(amax, float("nan"))
     else:
         raise ValueError(f"scale mode {mode!r}")
     amax = amax.to(torch.float32)
