@@ -57,6 +57,33 @@ class _HOTMixin:
         self.register_buffer("hot_lqs_seen", torch.zeros((), dtype=torch.int64, device=dev),
                              persistent=False)
         self._hot_resolved: dict = {}
+        # Python mirrors of the two persistent buffers: reading a CUDA buffer every step would
+        # synchronize the GPU; writing it (fill_) does not.
+        self._hot_step_value = 0
+        self._hot_lqs_value = LQS_UNDECIDED
+
+    def hot_step_value(self) -> int:
+        return self._hot_step_value
+
+    def hot_advance_step(self) -> int:
+        """Count one backward call; returns the step it was (0-based)."""
+        step = self._hot_step_value
+        self._hot_step_value = step + 1
+        self.hot_step.fill_(step + 1)
+        return step
+
+    def hot_lqs_value(self) -> int:
+        return self._hot_lqs_value
+
+    def set_lqs(self, choice: int) -> None:
+        """Set the LQS decision: -1 undecided (calibrate again), 0 per-tensor, 1 per-token."""
+        if choice not in (-1, 0, 1):
+            raise HOTLayerError(f"HOT layer {self.hot_name!r}: LQS choice {choice!r} must be -1, 0 or 1")
+        self._hot_lqs_value = int(choice)
+        self.hot_lqs.fill_(int(choice))
+        if choice == LQS_UNDECIDED:
+            self.hot_lqs_err.zero_()
+            self.hot_lqs_seen.zero_()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
@@ -66,6 +93,9 @@ class _HOTMixin:
         for k in ("hot_step", "hot_lqs"):
             if prefix + k in missing_keys:
                 missing_keys.remove(prefix + k)
+        if hasattr(self, "_hot_step_value"):
+            self._hot_step_value = int(self.hot_step)
+            self._hot_lqs_value = int(self.hot_lqs)
 
     def _backend_for(self, device: torch.device) -> str:
         key = (str(device), self.hot_backend)
@@ -100,7 +130,7 @@ class _HOTMixin:
     def hot_extra_repr(self) -> str:
         c = self.hot_config
         return (f"hq_bits={c.hq.bits}, hla_rank={c.hla.rank}, hla_bits={c.hla.bits}, "
-                f"lqs={int(self.hot_lqs)}")
+                f"lqs={self._hot_lqs_value}")
 
 
 class HOTLinear(_HOTMixin, nn.Linear):

@@ -60,7 +60,7 @@ def draw_seed(cfg: HOTConfig, layer_id: int, step: int, salt: int) -> int:
 
 
 def make_plan(layer, cfg: HOTConfig, backend: str, seq: int) -> LayerPlan:
-    step = int(layer.hot_step)
+    step = layer.hot_step_value()
     exact = step < cfg.exact_steps
     seed_x = 0 if exact else draw_seed(cfg, layer.hot_id, step, 1)
     return LayerPlan(cfg, backend, exact, seq, seed_x)
@@ -72,7 +72,7 @@ def _lqs_mode(layer, cfg: HOTConfig, gy2d: torch.Tensor, bits: int) -> str:
         return "row"
     if forced == "tensor":
         return "tensor"
-    choice = int(layer.hot_lqs)
+    choice = layer.hot_lqs_value()
     if choice == LQS_TOKEN:
         return "row"
     if choice == LQS_TENSOR:
@@ -98,14 +98,13 @@ def decide_lqs(layer, ratio: float) -> int:
         dist.all_reduce(err)
     e_tok, e_ten = float(err[0]), float(err[1])
     choice = LQS_TOKEN if e_tok**0.5 < ratio * e_ten**0.5 else LQS_TENSOR
-    layer.hot_lqs.fill_(choice)
+    layer.set_lqs(choice)
     return choice
 
 
 def begin_backward(layer, plan: LayerPlan, gy2d: torch.Tensor) -> BackwardPlan:
     cfg = plan.config
-    step = int(layer.hot_step)
-    layer.hot_step += 1
+    step = layer.hot_advance_step()
     if plan.exact:
         return BackwardPlan(True, 0, "tensor", 0, 0, 0)
     bits = cfg.hq.bits or 0
