@@ -38,7 +38,9 @@ def hla_transform(x: torch.Tensor, rank: int, selection: str) -> torch.Tensor:
     l16 = pad_to(length)
     xp = F.pad(x.to(dt), (0, 0, 0, l16 - length))
     t = hla_matrix(rank, selection).to(device=x.device, dtype=dt)  # (rank, 16)
-    blocks = xp.reshape(l16 // BLOCK, BLOCK, c).transpose(1, 2)  # (nb, C, 16)
+    # contiguous(): CPU bmm on this transposed view is ~500x slower for some shapes (measured
+    # 12 ms vs 0.02 ms for a 32 x 32 float32 input).
+    blocks = xp.reshape(l16 // BLOCK, BLOCK, c).transpose(1, 2).contiguous()  # (nb, C, 16)
     coef = blocks @ t.t()  # (nb, C, rank)
     return coef.permute(1, 0, 2).reshape(c, l16 // BLOCK * rank)
 
