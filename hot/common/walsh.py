@@ -62,7 +62,9 @@ def lp_l1_grid(k: int, s: int = 4) -> tuple[int, int]:
     """Sequency k of the s^2-point Walsh basis as a 2-D index (u, v) on an s x s grid.
 
     k = s*u + (v if u is even else s-1-v): the boustrophedon reading used by LBP-WHT, under
-    which walsh(s^2)[k] == kron(walsh(s)[u], walsh(s)[v]).
+    which walsh(s^2)[k] == kron(walsh(s)[v], walsh(s)[u]) (u, the coarse digit of k, is the
+    sequency of the inner factor). LP_L1's ranking is symmetric in (u, v), so the kept set does
+    not depend on which factor is called u.
     """
     u, rem = divmod(k, s)
     v = rem if u % 2 == 0 else s - 1 - rem
