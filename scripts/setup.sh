@@ -6,7 +6,8 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-stamp=".venv/.hot-setup-$(cat requirements-dev.txt requirements-offline-data.txt pyproject.toml setup.py 2>/dev/null | sha256sum | cut -c1-16)"
+inputs=$(ls requirements-dev.txt requirements-offline-data.txt pyproject.toml setup.py 2>/dev/null || true)
+stamp=".venv/.hot-setup-$(cat $inputs | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing dependencies into .venv (first run takes a few minutes)" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
