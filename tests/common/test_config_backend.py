@@ -1,0 +1,84 @@
+"""HOTConfig validation and backend selection: bad values fail early, naming the value."""
+
+import pytest
+import torch
+
+import hot
+from hot import BackendUnavailableError, HLAConfig, HOTConfig, HOTConfigError, HQConfig, LQSConfig
+from hot.common import backend
+
+
+@pytest.mark.parametrize("bits", [0, 1, 2, 3, 5, 6, 16, 32])
+def test_bits_other_than_4_or_8_rejected(bits):
+    with pytest.raises(HOTConfigError, match=rf"HQConfig\.bits={bits}\b"):
+        HQConfig(bits=bits)
+    with pytest.raises(HOTConfigError, match=rf"HLAConfig\.bits={bits}\b"):
+        HLAConfig(bits=bits)
+
+
+@pytest.mark.parametrize("rank", [0, 3, 5, 7, 12, 32, -1])
+def test_rank_outside_valid_set_rejected(rank):
+    with pytest.raises(HOTConfigError, match=rf"HLAConfig\.rank={rank}\b"):
+        HLAConfig(rank=rank)
+    with pytest.raises(HOTConfigError, match=rf"rank={rank}\b"):
+        HOTConfig().replace(hla={"rank": rank})
+
+
+@pytest.mark.parametrize("field,value", [
+    ("gy_scale", "channel"), ("w_scale", "token"), ("gy_rounding", "floor"),
+])
+def test_bad_hq_choice_names_value(field, value):
+    with pytest.raises(HOTConfigError, match=value):
+        HQConfig(**{field: value})
+
+
+@pytest.mark.parametrize("kw", [{"ratio": 0.0}, {"ratio": 1.5}, {"calibration_steps": 0}])
+def test_bad_lqs_values(kw):
+    (name, value), = kw.items()
+    with pytest.raises(HOTConfigError, match=f"{name}={value}"):
+        LQSConfig(**kw)
+
+
+@pytest.mark.parametrize("name", ["exact_steps", "int8_steps"])
+def test_negative_schedule_rejected(name):
+    with pytest.raises(HOTConfigError, match=f"{name}=-1"):
+        HOTConfig(**{name: -1})
+
+
+def test_paper_and_exact_presets():
+    p = HOTConfig()
+    assert p == HOTConfig.paper()
+    assert (p.hq.bits, p.hla.rank, p.hla.bits, p.hq.gy_scale) == (4, 8, 8, "auto")
+    e = HOTConfig.exact()
+    assert (e.hq.bits, e.hla.rank, e.hla.bits) == (None, 16, None)
+    assert HOTConfig.from_dict(p.replace(int8_steps=3, hla={"rank": 4}).to_dict()) == \
+        HOTConfig(int8_steps=3, hla=HLAConfig(rank=4))
+
+
+def test_unknown_backend_argument_names_value():
+    with pytest.raises(BackendUnavailableError, match="'foo'"):
+        hot.convert(torch.nn.Sequential(torch.nn.Linear(4, 4)), backend="foo")
+
+
+def test_unknown_backend_env_var_names_value_and_source(monkeypatch):
+    monkeypatch.setenv("HOT_BACKEND", "foo")
+    with pytest.raises(BackendUnavailableError, match=r"HOT_BACKEND='foo'"):
+        hot.convert(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    with pytest.raises(BackendUnavailableError, match="'foo'"):
+        backend.resolve_backend(None, torch.device("cpu"))
+
+
+def test_fast_requested_but_not_built_fails_at_first_forward_naming_layer():
+    model = hot.convert(torch.nn.Sequential(torch.nn.Linear(4, 4)), backend="fast")
+    x = torch.randn(2, 4, requires_grad=True)
+    with pytest.raises(BackendUnavailableError, match=r"'fast'.*'0'.*reference"):
+        model(x)
+
+
+def test_fast_via_env_fails_and_auto_falls_back(monkeypatch):
+    monkeypatch.setenv("HOT_BACKEND", "fast")
+    with pytest.raises(BackendUnavailableError, match="fast"):
+        backend.resolve_backend(None, torch.device("cpu"), "blk.fc")
+    monkeypatch.setenv("HOT_BACKEND", "auto")
+    assert backend.resolve_backend(None, torch.device("cpu")) == "reference"
+    assert backend.resolve_backend("reference", torch.device("cpu")) == "reference"
