@@ -1,0 +1,145 @@
+"""The reference backend's three operations against the spec in hot/common/ops.py.
+
+Transforms are checked against dense block-diagonal matrices built with torch.block_diag, in
+float64: both sides are sums of at most 16 products of values of order 1 with +-1/4 or
++-1/sqrt(16) entries, so they agree to ~16 ulps; we allow 1e-12 absolute on O(1) data.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import hot  # noqa: F401  (registers the ops and the reference backend)
+from hot.common import ops, quant
+from hot.common.config import VALID_RANKS
+from hot.common.walsh import hadamard16, hla_matrix
+from hot.reference import ops as ref
+
+TOL = 1e-12
+SELECTIONS = ("lowpass", "lp_l1")
+
+
+def _pad16(n):
+    return -(-n // 16) * 16
+
+
+def _dense_hq(c):
+    """I (x) H16 of size C16 x C16."""
+    return torch.block_diag(*[hadamard16()] * (_pad16(c) // 16))
+
+
+def _dense_hla(length, rank, sel):
+    """I (x) T_r of size (L16/16 * r) x L16."""
+    return torch.block_diag(*[hla_matrix(rank, sel)] * (_pad16(length) // 16))
+
+
+def _x(r, c, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(r, c, generator=g, dtype=torch.float64)
+
+
+@given(r=st.integers(1, 40), c=st.integers(1, 70), seed=st.integers(0, 2**16))
+def test_hq_transform_equals_dense_block_product(r, c, seed):
+    x = _x(r, c, seed)
+    xp = F.pad(x, (0, _pad16(c) - c))  # zero columns up to a multiple of 16
+    want = xp @ _dense_hq(c)
+    got = ref.hq_transform(x)
+    assert got.dtype == torch.float64 and got.shape == (r, _pad16(c))
+    torch.testing.assert_close(got, want, atol=TOL, rtol=0)
+
+
+@given(length=st.integers(1, 70), c=st.integers(1, 24), rank=st.sampled_from(VALID_RANKS),
+       sel=st.sampled_from(SELECTIONS), seed=st.integers(0, 2**16))
+def test_hla_transform_equals_dense_block_product(length, c, rank, sel, seed):
+    x = _x(length, c, seed)
+    xp = F.pad(x, (0, 0, 0, _pad16(length) - length))  # zero token rows
+    want = (_dense_hla(length, rank, sel) @ xp).T
+    got = ref.hla_transform(x, rank, sel)
+    assert got.shape == (c, _pad16(length) // 16 * rank)
+    torch.testing.assert_close(got, want, atol=TOL, rtol=0)
+
+
+def test_transforms_keep_float32_for_low_precision_input():
+    x = torch.randn(5, 20, dtype=torch.bfloat16)
+    assert ref.hq_transform(x).dtype == torch.float32
+    assert ref.hla_transform(x, 8, "lowpass").dtype == torch.float32
+
+
+@pytest.mark.parametrize("scale_mode", ["row", "tensor"])
+def test_bits0_means_no_quantization(scale_mode):
+    x = _x(20, 33, 0)
+    q, s = ops.hq_quantize(x, 0, scale_mode, True, 1, "reference")
+    torch.testing.assert_close(q, ref.hq_transform(x), atol=0, rtol=0)
+    assert torch.equal(s, torch.ones(20 if scale_mode == "row" else 1, 1))
+    q, s = ops.hla_quantize(x, 4, "lp_l1", 0, scale_mode, True, 1, "reference")
+    torch.testing.assert_close(q, ref.hla_transform(x, 4, "lp_l1"), atol=0, rtol=0)
+    assert torch.equal(s, torch.ones(33 if scale_mode == "row" else 1, 1))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("scale_mode", ["row", "tensor"])
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_quantize_ops_are_transform_then_quantize(bits, scale_mode, stochastic):
+    x = _x(19, 37, 1).float()
+    q, s = ops.hq_quantize(x, bits, scale_mode, stochastic, 7, "reference")
+    qt, st_ = quant.quantize(ref.hq_transform(x), bits, scale_mode, stochastic, 7)
+    assert q.dtype == torch.int8 and torch.equal(q, qt) and torch.equal(s, st_)
+    q, s = ops.hla_quantize(x, 8, "lowpass", bits, scale_mode, stochastic, 7, "reference")
+    qt, st_ = quant.quantize(ref.hla_transform(x, 8, "lowpass"), bits, scale_mode, stochastic, 7)
+    assert torch.equal(q, qt) and torch.equal(s, st_)
+    # Dequantized values are within one step of the transform (half a step for nearest).
+    t = ref.hla_transform(x, 8, "lowpass")
+    assert ((q.float() * s - t).abs() <= s * (1.0 if stochastic else 0.5) * (1 + 1e-5)).all()
+
+
+def test_quantize_ops_use_the_hash_stream_when_asked():
+    x = _x(16, 32, 2).float()
+    a, _ = ops.hq_quantize(x, 4, "row", True, 5, "reference")
+    with quant.hash_rng():
+        b, s = ops.hq_quantize(x, 4, "row", True, 5, "reference")
+    t = ref.hq_transform(x) / s
+    u = quant.hash_uniform(5, tuple(t.shape))
+    want = torch.clamp(torch.floor(t + u), -7, 7).to(torch.int8)
+    assert torch.equal(b, want)
+    assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("k", [16, 48, 1200])
+def test_int_gemm_nt_is_exact_on_integer_codes(k):
+    """k = 1200 with codes of magnitude 127 passes 2^24 (1200 * 127^2 = 1.9e7), where a float32
+    accumulator would round; the result must still equal the int64 product."""
+    g = torch.Generator().manual_seed(k)
+    a = torch.randint(-127, 128, (9, k), generator=g, dtype=torch.int8)
+    b = torch.randint(-127, 128, (7, k), generator=g, dtype=torch.int8)
+    a[0], b[0] = 127, 127  # the largest possible partial sums
+    sa = torch.rand(9, 1, generator=g) + 0.5
+    sb = torch.rand(7, 1, generator=g) + 0.5
+    exact = a.to(torch.int64) @ b.to(torch.int64).T
+    out = ref.int_gemm_nt(a, b, torch.ones(9, 1), torch.ones(7, 1), torch.float64)
+    assert torch.equal(out, exact.to(torch.float64))
+    out = ref.int_gemm_nt(a, b, sa, sb, torch.float32)
+    # (exact integer) * sa * sb in float32: two roundings, relative error <= 2 * 2^-24.
+    want = exact.to(torch.float64) * sa.double() * sb.double().T
+    torch.testing.assert_close(out.double(), want, rtol=2.5 * 2**-24, atol=0)
+
+
+def test_int_gemm_nt_float_operands_float64():
+    a, b = _x(5, 16, 3), _x(6, 16, 4)
+    sa, sb = torch.ones(5, 1), torch.ones(1, 1)
+    out = ops.int_gemm_nt(a, b, sa, sb, "float64", "reference")
+    torch.testing.assert_close(out, a @ b.T, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("bits", [0, 4])
+def test_ops_pass_opcheck(bits):
+    """The registered fake (meta) shapes agree with the reference and the ops are traceable."""
+    x = torch.randn(20, 33)
+    torch.library.opcheck(torch.ops.hot.hq_quantize.default, (x, bits, "row", True, 1, "reference"))
+    torch.library.opcheck(torch.ops.hot.hla_quantize.default,
+                          (x, 8, "lowpass", bits or 8, "tensor", True, 1, "reference"))
+    a = torch.randint(-7, 8, (4, 32), dtype=torch.int8)
+    b = torch.randint(-7, 8, (3, 32), dtype=torch.int8)
+    torch.library.opcheck(torch.ops.hot.int_gemm_nt.default,
+                          (a, b, torch.ones(4, 1), torch.ones(1, 1), "float32", "reference"))
