@@ -1,0 +1,1 @@
+"""Measurement and cost models behind ``hot memory``, ``hot gbops`` and ``hot inspect``."""

@@ -1,0 +1,54 @@
+"""Training memory: measured saved bytes next to an analytic model, per layer and in total.
+
+Analytic model (bytes), for a model trained with AdamW and fp32 master weights:
+
+    weights    = 4 P           (P = trainable + frozen parameter count; bf16 autocast keeps fp32 weights)
+    gradients  = 4 P_t         (P_t = trainable parameters)
+    optimizer  = 8 P_t         (AdamW: exp_avg and exp_avg_sq in fp32)
+    activations saved by each Linear/Conv2d GEMM of shape (L, O, I) (see hot.analysis.shapes),
+    only where its weight or its input needs a gradient:
+      fp32      4 L I                        (the input x)
+      bf16      2 L I + 2 O I                (bf16 copies of x and of W)
+      hot       b ceil(L/16) r I + 4 I       (ABC: the HLA-projected input at b bytes per value,
+                                              b = 1 for 8/4-bit codes, 4 unquantized, + fp32 scales)
+      hot-bf16  hot + 2 O I                  (the bf16 copy of W kept for the g_x path)
+    A frozen weight (LoRA base layer) saves no ABC copy under HOT (no g_W) and no x under FP.
+
+Activations of other operations (norms, GELU, attention, residual adds) are not modelled;
+the measured column includes them as '<other>'. The official calculator's errors are avoided:
+qkv parameters are counted once, and saved *inputs* at their stored width are counted, not
+layer outputs at 4 bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.nn as nn
+
+from .shapes import LayerShape
+
+
+def analytic_layer_bytes(s: LayerShape, method: str, rank: int = 8, hla_bits=8,
+                         input_needs_grad: bool = True) -> int:
+    """Analytic bytes that layer ``s`` saves for backward under ``method``."""
+    if s.kind == "conv" and s.groups != 1 and method.startswith("hot"):
+        method = "fp32" if method == "hot" else "bf16"  # HOT leaves grouped convs standard
+    w_grad = s.trainable
+    if method == "fp32":
+        return 4 * s.L * s.I if w_grad else 0
+    if method == "bf16":
+        return (2 * s.L * s.I if w_grad else 0) + (2 * s.O * s.I if input_needs_grad else 0)
+    if method in ("hot", "hot-bf16"):
+        per = 1 if hla_bits else 4
+        abc = per * math.ceil(s.L / 16) * rank * s.I + 4 * s.I if w_grad else 0
+        return abc + (2 * s.O * s.I if method == "hot-bf16" and input_needs_grad else 0)
+    raise ValueError(f"no analytic memory model for method {method!r}")
+
+
+def state_bytes(model: nn.Module) -> dict:
+    """Weights, gradients and AdamW state in bytes (fp32 master copies)."""
+    p_all = sum(p.numel() for p in model.parameters())
+    p_tr = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"params": p_all, "trainable_params": p_tr, "weights": 4 * p_all,
+            "gradients": 4 * p_tr, "optimizer": 8 * p_tr}

@@ -1,0 +1,1 @@
+"""The ``hot`` command: demo, train, memory, gbops, inspect, bench (see docs/cli.md)."""

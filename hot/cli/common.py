@@ -1,0 +1,142 @@
+"""Shared pieces of the subcommands: HOT config options, output (table or JSON), progress bars."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Iterable, Optional
+
+import torch
+
+import hot
+
+
+class CLIError(Exception):
+    """An error to show the user as-is (already says what to do); exit status 2."""
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def progress(it: Iterable, desc: str, total: Optional[int] = None, leave: bool = False):
+    """A tqdm bar on stderr (stdout stays clean for --json); plain iteration without tqdm."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return it
+    quiet = os.environ.get("HOT_NO_PROGRESS") == "1"
+    return tqdm(it, desc=desc, total=total, leave=leave, file=sys.stderr, disable=quiet,
+                dynamic_ncols=True)
+
+
+def add_json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object on stdout (progress and notes go to stderr)")
+
+
+def add_hot_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("HOT configuration (defaults: the paper's setting)")
+    g.add_argument("--hq-bits", type=_bits, default=4, metavar="{4,8,none}",
+                   help="g_x path operand width (default 4)")
+    g.add_argument("--gy-scale", choices=("auto", "token", "tensor"), default="auto",
+                   help="g_y scaling on the g_x path; auto = LQS picks per layer")
+    g.add_argument("--hla-rank", type=int, default=8, choices=(1, 2, 4, 8, 16),
+                   help="Walsh coefficients kept per block of 16 token rows (default 8)")
+    g.add_argument("--hla-selection", choices=("lowpass", "lp_l1"), default="lowpass",
+                   help="which coefficients HLA keeps (default lowpass)")
+    g.add_argument("--hla-blocking", choices=("flat", "sequence"), default="flat",
+                   help="token blocks over the flattened axis or inside each sequence")
+    g.add_argument("--hla-bits", type=_bits, default=8, metavar="{4,8,none}",
+                   help="g_W path operand width (default 8)")
+    g.add_argument("--lqs-ratio", type=float, default=0.5, help="LQS threshold (default 0.5)")
+    g.add_argument("--exact-steps", type=int, default=0, help="exact warm-up backward steps")
+    g.add_argument("--int8-steps", type=int, default=0,
+                   help="steps with the g_x path at 8 bits after the warm-up")
+    g.add_argument("--backend", choices=("auto", "reference", "fast"), default=None,
+                   help="HOT backend (default: $HOT_BACKEND, else auto)")
+
+
+def _bits(v: str):
+    if v.lower() in ("none", "off", "0"):
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bits must be 4, 8 or none, got {v!r}")
+
+
+def hot_config(args) -> hot.HOTConfig:
+    return hot.HOTConfig(
+        hq=hot.HQConfig(bits=args.hq_bits, gy_scale=args.gy_scale),
+        hla=hot.HLAConfig(rank=args.hla_rank, selection=args.hla_selection,
+                          blocking=args.hla_blocking, bits=args.hla_bits),
+        lqs=hot.LQSConfig(ratio=args.lqs_ratio),
+        exact_steps=args.exact_steps, int8_steps=args.int8_steps)
+
+
+def device_from(name: Optional[str]) -> torch.device:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise CLIError(f"--device {name}: no CUDA GPU is visible here; use --device cpu.")
+    return dev
+
+
+def fmt_bytes(n) -> str:
+    if n is None:
+        return "n/a"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+
+
+def render_table(headers: list[str], rows: list[list]) -> str:
+    """A plain monospace table (right-aligned except the first column)."""
+    cells = [[str(h) for h in headers]] + [[_cell(c) for c in r] for r in rows]
+    w = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r))
+    return "\n".join([line(cells[0]), "  ".join("-" * x for x in w)] + [line(r) for r in cells[1:]])
+
+
+def _cell(c) -> str:
+    if isinstance(c, float):
+        if math.isinf(c) or math.isnan(c):
+            return str(c)
+        return f"{c:.4g}" if abs(c) < 1e4 else f"{c:.1f}"
+    return "" if c is None else str(c)
+
+
+def _json_default(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    if isinstance(o, torch.Tensor):
+        return o.tolist()
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    return str(o)
+
+
+def emit(args, result: dict, text: str) -> None:
+    """--json: the result as one JSON object on stdout; else the human-readable text."""
+    if getattr(args, "json", False):
+        print(json.dumps(_finite(result), default=_json_default, indent=1))
+    else:
+        print(text)
+
+
+def _finite(o):
+    # JSON has no Infinity/NaN: write them as strings so every parser accepts the output.
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o

@@ -1,0 +1,121 @@
+"""`hot memory MODEL`: measured saved bytes and the analytic memory model, FP32 / BF16 / HOT."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import pathlib
+
+import torch
+import torch.nn.functional as F
+
+import hot
+
+from ..analysis import memory as M
+from ..analysis.saved import OTHER, SavedTensorMeter
+from ..analysis.shapes import layer_shapes
+from . import plots
+from .common import (add_hot_args, add_json_flag, device_from, emit, fmt_bytes, hot_config, log,
+                     render_table)
+from .methods import METHODS
+from .modelargs import add_model_args, build_for_analysis
+from .trainer import logits_of
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "memory", help="memory per layer and in total for FP32, BF16 and HOT (measured + analytic)",
+        description="Run one real forward/backward per method and measure, with saved-tensor "
+        "hooks, the bytes autograd keeps for backward in every Linear/Conv2d (parameters "
+        "excluded, each storage once), next to the analytic model: weights, gradients, AdamW "
+        "state and saved layer inputs. Writes a bar chart PNG.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_args(p)
+    p.add_argument("--methods", default="fp32,bf16,hot", help="comma-separated methods")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    p.add_argument("--out", default="hot_memory_out", help="folder for memory.png")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    add_hot_args(p)
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    device = device_from(args.device)
+    cfg = hot_config(args)
+    built, shape, make = build_for_analysis(args)
+    base = built.model
+    x, y = make(device, torch.Generator().manual_seed(0))
+    base = base.to(device)
+    shapes = layer_shapes(base, lambda m: logits_of(m, x))
+    names = list(dict.fromkeys(s.name for s in shapes))
+    state = M.state_bytes(base)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        if m not in METHODS:
+            raise ValueError(f"--methods: unknown method {m!r}; choose from {sorted(METHODS)}")
+    results = {}
+    for name in methods:
+        method = METHODS[name]
+        model = copy.deepcopy(base)
+        if method.prepare is not None:
+            model = method.prepare(model, cfg, None, args.backend)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            start = torch.cuda.memory_allocated(device)
+        with SavedTensorMeter(model) as meter, method.context(device):
+            loss = F.cross_entropy(logits_of(model, x).float(), y)
+        loss.backward()
+        peak = (torch.cuda.max_memory_allocated(device) - start) if device.type == "cuda" else None
+        analytic = {}
+        for s in shapes:
+            analytic[s.name] = analytic.get(s.name, 0) + M.analytic_layer_bytes(
+                s, name, cfg.hla.rank, cfg.hla.bits, s.input_requires_grad) \
+                if name in ("fp32", "bf16", "hot", "hot-bf16") else None
+        an_act = sum(v for v in analytic.values() if v is not None)
+        results[name] = {
+            "measured_saved_linear": meter.layer_total, "measured_saved_other": meter.by_layer.get(OTHER, 0),
+            "measured_saved_total": meter.total,
+            "peak_forward_backward_bytes": peak,
+            "analytic": {"weights": state["weights"], "gradients": state["gradients"],
+                         "optimizer": state["optimizer"], "activations_linear": an_act,
+                         "total": state["weights"] + state["gradients"] + state["optimizer"] + an_act},
+            "layers": {n: {"measured": meter.by_layer.get(n, 0), "analytic": analytic.get(n),
+                           "dtypes": sorted(meter.dtypes.get(n, ()))} for n in names},
+        }
+        del model, loss
+    out = {"model": args.model, "batch": args.batch, "input_shape": shape, "device": str(device),
+           "hot_config": cfg.to_dict(), "params": state["params"],
+           "trainable_params": state["trainable_params"], "methods": results,
+           "notes": "measured = bytes autograd saved for backward (saved-tensor hooks, each "
+                    "storage once, parameters excluded); analytic activations = saved inputs of "
+                    "Linear/Conv2d layers only (see hot.analysis.memory)"}
+    if not args.no_plot:
+        out["plot"] = plots.memory_bars(
+            names, {m: [results[m]["layers"][n]["measured"] for n in names] for m in methods},
+            pathlib.Path(args.out) / "memory.png", f"{args.model}, batch {args.batch}")
+    rows = []
+    for n in names:
+        row = [n]
+        for m in methods:
+            L = results[m]["layers"][n]
+            row += [fmt_bytes(L["measured"]), fmt_bytes(L["analytic"])]
+        rows.append(row)
+    tot = ["Linear/Conv total"]
+    for m in methods:
+        tot += [fmt_bytes(results[m]["measured_saved_linear"]),
+                fmt_bytes(results[m]["analytic"]["activations_linear"])]
+    rows.append(tot)
+    hdr = ["layer"] + [f"{m} {k}" for m in methods for k in ("measured", "model")]
+    summ = [[m, fmt_bytes(r["measured_saved_linear"]), fmt_bytes(r["measured_saved_other"]),
+             fmt_bytes(r["measured_saved_total"]), fmt_bytes(r["analytic"]["weights"]),
+             fmt_bytes(r["analytic"]["gradients"]), fmt_bytes(r["analytic"]["optimizer"]),
+             fmt_bytes(r["analytic"]["total"]), fmt_bytes(r["peak_forward_backward_bytes"])]
+            for m, r in results.items()]
+    text = (render_table(hdr, rows) + "\n\n" + render_table(
+        ["method", "saved: linears", "saved: other", "saved: all", "weights", "grads", "AdamW",
+         "model total", "GPU peak fwd+bwd"], summ)
+        + f"\n\n{out['notes']}." + (f"\nplot: {out['plot']}" if "plot" in out else ""))
+    emit(args, out, text)
+    return 0

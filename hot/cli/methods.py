@@ -1,0 +1,51 @@
+"""Training methods: how a model is prepared and under which autocast it runs.
+
+Extensible: a baseline (e.g. LUQ, LBP-WHT from the baselines issue) registers a Method here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+
+import hot
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    help: str
+    autocast: Optional[torch.dtype] = None
+    # prepare(model, hot_config, filter, backend) -> model; None = train the model as built
+    prepare: Optional[Callable] = None
+
+    def context(self, device: torch.device):
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=self.autocast)
+
+
+def _hot(model: nn.Module, config, filt, backend):
+    hot.convert(model, config, filter=filt, backend=backend)
+    if not hot.hot_layers(model):
+        raise ValueError("method 'hot': no nn.Linear / nn.Conv2d was converted (check the model "
+                         "and the LoRA settings); nothing would use HOT.")
+    return model
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register(m: Method) -> None:
+    METHODS[m.name] = m
+
+
+register(Method("fp32", "exact FP32 training"))
+register(Method("bf16", "exact training under bf16 autocast", autocast=torch.bfloat16))
+register(Method("hot", "HOT backward on every Linear/Conv2d (LoRA: frozen base layers only)",
+                prepare=_hot))
+register(Method("hot-bf16", "HOT under bf16 autocast", autocast=torch.bfloat16, prepare=_hot))

