@@ -22,6 +22,13 @@ hla_quantize(x (L, C), rank, selection, bits, scale_mode, stochastic, seed) -> q
 
 int_gemm_nt(a (M, K), b (N, K), sa (M|1, 1), sb (N|1, 1), out_dtype) -> (M, N)
     (a @ b^T) * sa * sb^T, with the integer products accumulated exactly.
+
+gy_quantize(x, hq_bits, hq_scale_mode, hq_stochastic, hq_seed, rank, selection, hla_bits,
+            hla_scale_mode, hla_stochastic, hla_seed) -> (hq_q, hq_scale, hla_q, hla_scale)
+    The fused g_y pass, by definition exactly
+    (*hq_quantize(x, hq_bits, ...), *hla_quantize(x, rank, selection, hla_bits, ...)):
+    a backend may compute both from one read of x (its ``gy_quantize`` attribute); one that has
+    none runs the two operations.
 """
 
 from __future__ import annotations
@@ -104,3 +111,39 @@ def dtype_name(dtype: torch.dtype) -> str:
         if v == dtype:
             return k
     raise ValueError(f"unsupported dtype {dtype}")
+
+
+@torch.library.custom_op("hot::gy_quantize", mutates_args=())
+def gy_quantize(
+    x: torch.Tensor,
+    hq_bits: int,
+    hq_scale_mode: str,
+    hq_stochastic: bool,
+    hq_seed: int,
+    rank: int,
+    selection: str,
+    hla_bits: int,
+    hla_scale_mode: str,
+    hla_stochastic: bool,
+    hla_seed: int,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    b = get_backend(backend)
+    fused = getattr(b, "gy_quantize", None)
+    if fused is not None:
+        return fused(x, hq_bits, hq_scale_mode, hq_stochastic, hq_seed, rank, selection,
+                     hla_bits, hla_scale_mode, hla_stochastic, hla_seed)
+    q1, s1 = b.hq_quantize(x, hq_bits, hq_scale_mode, hq_stochastic, hq_seed)
+    q2, s2 = b.hla_quantize(x, rank, selection, hla_bits, hla_scale_mode, hla_stochastic, hla_seed)
+    return q1, s1, q2, s2
+
+
+@gy_quantize.register_fake
+def _(x, hq_bits, hq_scale_mode, hq_stochastic, hq_seed, rank, selection, hla_bits,
+      hla_scale_mode, hla_stochastic, hla_seed, backend):
+    r, c = x.shape
+    q1 = x.new_empty((r, pad_to(c)), dtype=_q_dtype(hq_bits, x))
+    s1 = x.new_empty((r if hq_scale_mode == "row" else 1, 1), dtype=torch.float32)
+    q2 = x.new_empty((c, pad_to(r) // BLOCK * rank), dtype=_q_dtype(hla_bits, x))
+    s2 = x.new_empty((c if hla_scale_mode == "row" else 1, 1), dtype=torch.float32)
+    return q1, s1, q2, s2

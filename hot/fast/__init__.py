@@ -1,24 +1,21 @@
-"""The fast backend: real INT4/INT8 kernels (Triton + CUTLASS) for Ampere and Hopper GPUs.
+"""The fast backend: Triton transform/quantize kernels and integer GEMMs for Ampere/Ada and Hopper.
 
-Not built yet: this shell registers a backend that always reports why it cannot run, so that
-``HOT_BACKEND=fast`` fails with a clear message and ``auto`` falls back to the reference.
+Operations (same function as hot.reference, see hot.common.ops):
+    hq_quantize, hla_quantize  -> hot.fast.quant (Triton; hash-stream stochastic rounding)
+    gy_quantize (fused g_y)    -> hot.fast.quant.gy_quantize (both operands from one pass)
+    int_gemm_nt                -> hot.fast.gemm (CUTLASS when built, else Triton int8, fused dequant)
+Kernels are imported on first use, so importing this package never needs a GPU; why_unavailable
+says in plain words why a device cannot run them.
 """
 
 from __future__ import annotations
 
-import torch
-
 from ..common.backend import Backend, register_backend
+from . import arch, gemm, quant
 
-NOT_BUILT = "the fast backend is not built yet in this version of hot"
+why_unavailable = arch.why_unavailable
 
-
-def why_unavailable(device: torch.device):
-    return NOT_BUILT
-
-
-def _unavailable(*args, **kwargs):
-    raise RuntimeError(NOT_BUILT)
-
-
-register_backend(Backend("fast", _unavailable, _unavailable, _unavailable, why_unavailable))
+BACKEND = Backend("fast", quant.hq_quantize, quant.hla_quantize, gemm.int_gemm_nt, why_unavailable)
+# The optional fused g_y operation (hot.common.ops.gy_quantize looks for this attribute).
+BACKEND.gy_quantize = quant.gy_quantize
+register_backend(BACKEND)

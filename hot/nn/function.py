@@ -53,13 +53,25 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx
     bp = begin_backward(layer, plan, gy2d)
     gx = gw = None
     o = gy2d.shape[1]
+    hq, h = plan.config.hq, plan.config.hla
+    fused = None
+    if (need_gx and need_gw and not bp.exact and bp.gx_bits and h.bits
+            and (plan.seq <= 0 or plan.seq % 16 == 0)):
+        # Both paths quantize the same g_y: one fused pass (ops.gy_quantize is by definition the
+        # pair of hq_quantize and hla_quantize below, with the same arguments).
+        fused = ops.gy_quantize(
+            gy2d, bp.gx_bits, bp.gy_scale_mode, hq.gy_rounding == "stochastic", bp.seed_gy,
+            h.rank, h.selection, h.bits, "row" if h.scale == "channel" else "tensor",
+            h.rounding == "stochastic", bp.seed_hla, plan.backend)
     if need_gx:
         if bp.exact:
             gx = (gy2d @ w2d.to(gy2d.dtype)).to(x_dtype)
         else:
-            hq = plan.config.hq
-            qg, sg = ops.hq_quantize(gy2d, bp.gx_bits, bp.gy_scale_mode,
-                                     hq.gy_rounding == "stochastic", bp.seed_gy, plan.backend)
+            if fused is not None:
+                qg, sg = fused[0], fused[1]
+            else:
+                qg, sg = ops.hq_quantize(gy2d, bp.gx_bits, bp.gy_scale_mode,
+                                         hq.gy_rounding == "stochastic", bp.seed_gy, plan.backend)
             qw, sw = ops.hq_quantize(w2d.t(), bp.gx_bits,
                                      "row" if hq.w_scale == "channel" else "tensor",
                                      hq.w_rounding == "stochastic", bp.seed_w, plan.backend)
@@ -69,12 +81,14 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx
             (x2d,) = saved
             gw = (gy2d.t().to(x2d.dtype) @ x2d).to(w_dtype)
         else:
-            h = plan.config.hla
             qx, sx = saved
-            qg, sg = ops.hla_quantize(
-                _seq_pad(gy2d, plan.seq), h.rank, h.selection, h.bits or 0,
-                "row" if h.scale == "channel" else "tensor", h.rounding == "stochastic",
-                bp.seed_hla, plan.backend)
+            if fused is not None:
+                qg, sg = fused[2], fused[3]
+            else:
+                qg, sg = ops.hla_quantize(
+                    _seq_pad(gy2d, plan.seq), h.rank, h.selection, h.bits or 0,
+                    "row" if h.scale == "channel" else "tensor", h.rounding == "stochastic",
+                    bp.seed_hla, plan.backend)
             gw = ops.int_gemm_nt(qg, qx, sg, sx, dtype_name(w_dtype), plan.backend)
     assert gw is None or gw.shape[0] == o
     return gx, gw

@@ -1,0 +1,70 @@
+"""The fast int_gemm_nt (Triton int8 GEMM with the dequantizing epilogue) against the reference:
+exact integer sums, so the results must be bit-identical."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from _fast_diff import DEVICE
+
+from hot.common import ops
+from hot.fast import gemm
+from hot.reference import ops as ref
+
+
+def _codes(shape, lim, g):
+    return torch.randint(-lim, lim + 1, shape, generator=g, dtype=torch.int8)
+
+
+@settings(max_examples=12)  # the interpreter runs each 16x16 tile in numpy (~20 ms each)
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 80), st.sampled_from([7, 127]),
+       st.booleans(), st.booleans(), st.sampled_from([torch.float32, torch.bfloat16]))
+def test_gemm_matches_reference(m, n, k, lim, row_a, row_b, dtype):
+    g = torch.Generator().manual_seed(m * 10007 + n * 101 + k)
+    a, b = _codes((m, k), lim, g), _codes((n, k), lim, g)
+    sa = torch.rand((m if row_a else 1, 1), generator=g) + 0.01
+    sb = torch.rand((n if row_b else 1, 1), generator=g) + 0.01
+    y = gemm.int_gemm_nt(a.to(DEVICE), b.to(DEVICE), sa.to(DEVICE), sb.to(DEVICE), dtype)
+    yr = ref.int_gemm_nt(a, b, sa, sb, dtype)
+    assert y.dtype == dtype and y.shape == (m, n)
+    if dtype == torch.bfloat16 and DEVICE == "cpu":
+        # The Triton interpreter casts fp32 -> bf16 by truncation (GPUs round to nearest, and the
+        # GPU run of this test is exact): allow one bf16 ulp (2^-7 relative) only there.
+        torch.testing.assert_close(y.float(), yr.float(), rtol=2.0**-7, atol=0)
+    else:
+        assert torch.equal(y.cpu(), yr)
+
+
+def test_split_k_chunks_are_exact():
+    # A small forced chunk runs the int64 chunk-sum path; extreme codes make every partial large.
+    g = torch.Generator().manual_seed(1)
+    a = _codes((20, 300), 127, g)
+    b = _codes((18, 300), 127, g)
+    a[:, :150] = 127
+    b[:, :150] = -127
+    sa, sb = torch.ones(20, 1), torch.ones(18, 1)
+    y = gemm.triton_int8_gemm_nt(a.to(DEVICE), b.to(DEVICE), sa.to(DEVICE), sb.to(DEVICE),
+                                 torch.float32, split_k=64)
+    assert torch.equal(y.cpu(), ref.int_gemm_nt(a, b, sa, sb, torch.float32))
+
+
+def test_split_k_threshold():
+    # K * 128^2 must stay below 2^31 in one int32 accumulator: 131071 fits, 131072 does not.
+    assert gemm.split_k_elems(131071) == 0
+    c = gemm.split_k_elems(131072)
+    assert c > 0 and c * 128 * 128 < 2**31 and c % 256 == 0
+
+
+def test_ops_route_to_fast_backend():
+    import hot  # noqa: F401  (registers the loader)
+
+    x = torch.randn(20, 24, device=DEVICE)
+    q1, s1 = ops.hq_quantize(x, 4, "row", False, 0, "fast")
+    q2, s2 = ops.hq_quantize(x, 4, "row", False, 0, "reference")
+    assert torch.equal(q1.cpu(), q2.cpu()) and torch.equal(s1.cpu(), s2.cpu())
+    out = ops.gy_quantize(x, 4, "tensor", False, 0, 8, "lowpass", 8, "row", False, 0, "reference")
+    a = ops.hq_quantize(x, 4, "tensor", False, 0, "reference")
+    b = ops.hla_quantize(x, 8, "lowpass", 8, "row", False, 0, "reference")
+    for u, v in zip(out, (*a, *b)):
+        assert torch.equal(u, v)

@@ -1,0 +1,130 @@
+"""Differential tests of the fast quantizers against the reference (Triton interpreter on CPU,
+or compiled on a GPU when one is present), bit-exact in the hash-stream test mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hot.common import quant
+from hot.common.walsh import hadamard16
+from hot.fast import quant as fq
+from hot.reference import ops as ref
+
+from _fast_diff import DEVICE, EPS32, check_codes
+
+shapes = st.tuples(st.integers(1, 70), st.integers(1, 70))
+bits_s = st.sampled_from([4, 8])
+mode_s = st.sampled_from(["row", "tensor"])
+
+
+def _x(shape, dtype, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * scale
+    # Heavy-tailed rows/columns: the per-row and per-tensor scales then differ a lot.
+    x[: max(1, shape[0] // 5)] *= 30
+    return x.to(dtype).to(DEVICE)
+
+
+def _hla_tol(x, s_ref, bits):
+    xmax = x.float().abs().amax(0).cpu().reshape(-1, 1)  # per column c = per row of q
+    return EPS32 * (64 * xmax / s_ref.cpu() + 2 * quant.qmax(bits))
+
+
+@given(shapes, bits_s, mode_s, st.booleans(), st.sampled_from([torch.float32, torch.bfloat16]),
+       st.integers(0, 2**31 - 1))
+def test_hq_matches_reference(shape, bits, mode, stoch, dtype, seed):
+    x = _x(shape, dtype, seed % 1000)
+    q, s = fq.hq_quantize(x, bits, mode, stoch, seed)
+    with quant.hash_rng():
+        qr, sr = ref.hq_quantize(x, bits, mode, stoch, seed)
+    check_codes(q, s, qr, sr, ref.hq_transform(x), bits, stoch, seed)
+
+
+@given(shapes, st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from(["lowpass", "lp_l1"]), bits_s,
+       mode_s, st.booleans(), st.integers(0, 2**31 - 1))
+def test_hla_matches_reference(shape, rank, sel, bits, mode, stoch, seed):
+    x = _x(shape, torch.float32, seed % 1000)
+    q, s = fq.hla_quantize(x, rank, sel, bits, mode, stoch, seed)
+    with quant.hash_rng():
+        qr, sr = ref.hla_quantize(x, rank, sel, bits, mode, stoch, seed)
+    check_codes(q, s, qr, sr, ref.hla_transform(x, rank, sel), bits, stoch, seed,
+                tol=_hla_tol(x, sr, bits))
+
+
+def test_strided_input_weight_transpose():
+    # The weight operand is hq_quantize(W^T) on a transposed view: no copy, same result.
+    w = torch.randn(40, 24, device=DEVICE)
+    q1, s1 = fq.hq_quantize(w.t(), 4, "row", True, 5)
+    q2, s2 = fq.hq_quantize(w.t().contiguous(), 4, "row", True, 5)
+    assert torch.equal(q1, q2) and torch.equal(s1, s2)
+
+
+def test_fused_gy_pass_equals_two_ops():
+    x = _x((50, 40), torch.float32, 3)
+    a = fq.gy_quantize(x, 4, "row", True, 11, 8, "lowpass", 8, "row", True, 12)
+    q1, s1 = fq.hq_quantize(x, 4, "row", True, 11)
+    q2, s2 = fq.hla_quantize(x, 8, "lowpass", 8, "row", True, 12)
+    for u, v in zip(a, (q1, s1, q2, s2)):
+        assert torch.equal(u, v)
+
+
+@pytest.mark.parametrize("mode", ["row", "tensor"])
+def test_zero_and_nonfinite_groups(mode):
+    x = torch.randn(32, 32)
+    x[3] = 0.0
+    x[5, 7] = float("nan")
+    x[9, 2] = float("inf")
+    x = x.to(DEVICE)
+    q, s = fq.hq_quantize(x, 4, mode, True, 1)
+    qr, sr = ref.hq_quantize(x, 4, mode, True, 1)
+    if mode == "row":
+        assert s[3].item() == 1.0 and (q[3] == 0).all()
+        assert torch.isnan(s[5]).all() and not torch.isfinite(s[9]).all()
+        assert (q[5] == 0).all() and (q[9] == 0).all()
+        assert torch.isfinite(s[[0, 1, 2, 4]]).all()
+    else:
+        assert torch.isnan(s).all() and (q == 0).all()
+    assert torch.equal(torch.isnan(s.cpu()), torch.isnan(sr.cpu()))
+    qh, sh = fq.hla_quantize(x, 8, "lowpass", 8, "row", False, 0)
+    # Column 7 holds the NaN and column 2 the Inf: their scales are non-finite, their codes 0.
+    assert torch.isnan(sh[7]).all() and not torch.isfinite(sh[2]).all()
+    assert (qh[7] == 0).all() and (qh[2] == 0).all() and torch.isfinite(sh[0]).all()
+
+
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(0, 1000))
+def test_hadamard_orthogonality_error_bound(r, c, seed):
+    """Nearest rounding at 8 bits, then the inverse transform (H is its own inverse): every
+    element's error is <= scale/2 in the transformed domain, so the block's l2 error back in x's
+    domain is <= sqrt(16) * scale / 2 (H orthonormal preserves l2 norms)."""
+    x = _x((r, c), torch.float32, seed)
+    q, s = fq.hq_quantize(x, 8, "row", False, 0)
+    c16 = q.shape[1]
+    back = ((q.float() * s).reshape(r, c16 // 16, 16) @ hadamard16().float().to(DEVICE))
+    xp = torch.nn.functional.pad(x, (0, c16 - c)).reshape(r, c16 // 16, 16)
+    err = (back - xp).norm(dim=2)
+    bound = 4 * s / 2 * (1 + 1e-5)
+    assert (err <= bound).all()
+
+
+@settings(max_examples=4)  # each example is 64 draws; the interpreter runs ~40 ms per tile
+@given(st.integers(0, 10**6), bits_s)
+def test_stochastic_rounding_unbiased(seed, bits):
+    """N independent draws in one launch: x repeated N times along rows ('row' scales are then
+    equal, and every copy gets its own hash counters). Per element the SR error has mean 0 and
+    variance s^2 f(1-f) <= s^2/4, so the mean over N draws has E[err^2] <= s^2/(4N). Averaged over
+    E = 512 elements the mean squared error concentrates (relative sd <= sqrt(2/E) ~ 0.06), so
+    1.5x the upper bound fails only on a real bias. The signed mean over everything has
+    sd <= max(s)/(2 sqrt(N E)); 5 sd bound it."""
+    n = 64
+    x = _x((16, 32), torch.float32, seed % 997)
+    t = ref.hq_transform(x).to(DEVICE)
+    q, s = fq.hq_quantize(x.repeat(n, 1), bits, "row", True, seed)
+    deq = (q.float() * s).reshape(n, *t.shape).mean(0)
+    assert torch.equal(s, s[: t.shape[0]].repeat(n, 1))
+    s = s[: t.shape[0]]
+    err = deq - t
+    assert ((err / s) ** 2).mean().item() <= 1.5 / (4 * n)
+    assert abs((err / s).mean().item()) <= 5 / (2 * (n * err.numel()) ** 0.5)
