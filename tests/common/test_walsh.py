@@ -142,6 +142,16 @@ def test_hla_projector_idempotent_symmetric_rank_r(rank, selection):
         torch.testing.assert_close(p @ w[k], expect, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("rank", VALID_RANKS)
+def test_lowpass_projector_is_the_mean_over_aligned_groups(rank):
+    """The r lowest Walsh sequencies span the functions constant on the r aligned groups of
+    16 / r consecutive points, so lowpass HLA averages g_y and x over those token groups."""
+    p = walsh.hla_matrix(rank, "lowpass").T @ walsh.hla_matrix(rank, "lowpass")
+    g = 16 // rank
+    want = torch.block_diag(*[torch.full((g, g), 1.0 / g, dtype=torch.float64)] * rank)
+    torch.testing.assert_close(p, want, atol=TOL, rtol=0)
+
+
 @pytest.mark.parametrize("bad", [0, 3, 5, 32, -8])
 def test_bad_rank_is_rejected_with_the_value(bad):
     with pytest.raises(HOTConfigError, match=str(bad)):
