@@ -55,3 +55,24 @@ def grads(model: nn.Module, x: torch.Tensor, gy: torch.Tensor):
     y.backward(gy)
     return x.grad, {n: (p.grad.clone() if p.grad is not None else None)
                     for n, p in model.named_parameters()}
+
+
+def saved_by_forward(model: nn.Module, x: torch.Tensor):
+    """(output, tensors autograd saved during ``model(x)`` that are not (views of) the model's
+    Parameters, Parameters/views that were saved), via saved_tensors_hooks."""
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = model(x)
+    ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    params = [t for t in packed if t.untyped_storage().data_ptr() in ptrs]
+    others = [t for t in packed if t.untyped_storage().data_ptr() not in ptrs]
+    return y, others, params
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
