@@ -141,6 +141,10 @@ class HOTLinear(_HOTMixin, nn.Linear):
         new._hot_init(config, name, backend)
         return new
 
+    # torch.compile must not trace HOT layers: their backward draws fresh seeds and advances
+    # per-layer state on every call, which a traced graph would freeze into constants (the same
+    # rounding noise every step). The rest of the model still compiles around them.
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         if x.shape[-1] != self.in_features:
@@ -176,6 +180,7 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
             pad = _resolve_padding(self)
         return (tuple(self.stride), tuple(pad), tuple(self.dilation))
 
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         if x.dim() != 4:

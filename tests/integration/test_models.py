@@ -97,3 +97,19 @@ def test_cnn_with_depthwise_and_pointwise():
     x = torch.randn(2, 3, 12, 12)
     nn.functional.cross_entropy(model(x), torch.tensor([1, 3])).backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_torch_compile_keeps_fresh_rounding_each_step():
+    # Under torch.compile a HOT layer must still draw new seeds and advance its state per call.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8))
+    hot.convert(model, backend="reference")
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(64, 32)
+    grads = []
+    for _ in range(3):
+        model.zero_grad()
+        compiled(x).square().sum().backward()
+        grads.append(model[0].weight.grad.clone())
+    assert model[0].hot_step_value() == 3
+    assert not torch.equal(grads[1], grads[2])
