@@ -87,7 +87,8 @@ def unconvert(model: nn.Module) -> nn.Module:
         for k in ("hot_step", "hot_lqs", "hot_lqs_err", "hot_lqs_seen"):
             plain._buffers.pop(k, None)
             plain._non_persistent_buffers_set.discard(k)
-        for k in ("hot_config", "hot_name", "hot_backend", "hot_id", "_hot_resolved"):
+        for k in ("hot_config", "hot_name", "hot_backend", "hot_id", "_hot_resolved",
+                  "_hot_step_value", "_hot_lqs_value"):
             plain.__dict__.pop(k, None)
         if not fqn:
             return plain

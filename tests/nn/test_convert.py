@@ -120,6 +120,7 @@ def test_unconvert_a_bare_layer():
     plain = hot.unconvert(lin)
     assert type(plain) is nn.Linear and plain.weight is lin.weight
     assert list(plain.buffers()) == []
+    assert [k for k in vars(plain) if "hot" in k] == []  # no HOT state left behind
 
 
 def test_plain_state_dict_loads_into_converted_model():
