@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 
 import torch
 
@@ -84,7 +85,28 @@ def _ext():
         from . import _ext
     except Exception:
         return None
-    return _ext if getattr(_ext, "available", lambda: False)() else None
+    return _ext if _ext.load() is not None else None
+
+
+# Tensors our quantizers wrote with codes in [-7, 7] (bits <= 4), with their version counter at
+# that moment: only those go to the packed int4 GEMM, so no device sync is needed to check the
+# range, and an in-place change afterwards (version bump) drops the tag.
+_SMALL_CODES: "weakref.WeakKeyDictionary[torch.Tensor, int]" = weakref.WeakKeyDictionary()
+
+
+def tag_small_codes(q: torch.Tensor) -> torch.Tensor:
+    _SMALL_CODES[q] = q._version
+    return q
+
+
+def _small(t: torch.Tensor) -> bool:
+    v = _SMALL_CODES.get(t)
+    return v is not None and v == t._version
+
+
+def _ext_ok(t: torch.Tensor, k_mult: int) -> bool:
+    return (t.stride(1) == 1 and t.shape[1] % k_mult == 0 and t.stride(0) % 16 == 0
+            and t.data_ptr() % 16 == 0)
 
 
 def int_gemm_nt(a, b, sa, sb, out_dtype):
@@ -92,16 +114,38 @@ def int_gemm_nt(a, b, sa, sb, out_dtype):
         return ref.int_gemm_nt(a, b, sa, sb, out_dtype)
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"int_gemm_nt: K differs: a {tuple(a.shape)} vs b {tuple(b.shape)}")
-    if out_dtype == torch.float64:
-        return ref.int_gemm_nt(a, b, sa, sb, out_dtype)
-    ext = _ext() if a.device.type == "cuda" else None
-    if ext is not None:
-        y = ext_gemm(ext, arch_for(a.device), a, b, sa, sb, out_dtype)
-        if y is not None:
-            return y
+    if out_dtype == torch.float64 or a.device.type != "cuda":
+        return ref.int_gemm_nt(a, b, sa, sb, out_dtype) if out_dtype == torch.float64 \
+            else triton_int8_gemm_nt(a, b, sa, sb, out_dtype)
+    path = gemm_path(a, b)
+    sa32 = sa.to(torch.float32).contiguous()
+    sb32 = sb.to(torch.float32).contiguous()
+    if path == "cutlass_sm90_s8":
+        return _ext().gemm_s8s8_sm90(a, b, sa32, sb32, out_dtype)
+    if path == "cutlass_sm80_s4":
+        e = _ext()
+        return e.gemm_s4s4_sm80(e.pack_int4(a, False), e.pack_int4(b, False), sa32, sb32, out_dtype)
+    if path == "cutlass_sm80_s8":
+        return _ext().gemm_s8s8_sm80(a, b, sa32, sb32, out_dtype)
     return triton_int8_gemm_nt(a, b, sa, sb, out_dtype)
 
 
-def ext_gemm(ext, arch, a, b, sa, sb, out_dtype):
-    """The CUTLASS GEMM for this arch, or None where it does not take these inputs."""
-    return None  # wired up once hot/fast/_ext.py documents its functions
+def gemm_path(a, b) -> str:
+    """Which kernel int_gemm_nt runs for these operands (benchmarks report it).
+
+    CUTLASS only where its one-pass int32 sum is exact (K <= max_k; longer K goes to the Triton
+    kernel, whose int64 chunk sums keep the result identical to the reference).
+    """
+    arch = arch_for(a.device)
+    e = _ext()
+    if e is None or not (_ext_ok(a, 16) and _ext_ok(b, 16)):
+        return "triton_s8"
+    k = a.shape[1]
+    if arch == "sm90" and e.why_unavailable("sm90", a.device) is None and k <= e.max_k("int8"):
+        return "cutlass_sm90_s8"
+    if arch == "sm80" and e.why_unavailable("sm80", a.device) is None:
+        if _small(a) and _small(b) and k <= e.max_k("int4"):
+            return "cutlass_sm80_s4"
+        if k <= e.max_k("int8"):
+            return "cutlass_sm80_s8"
+    return "triton_s8"

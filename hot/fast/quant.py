@@ -111,6 +111,13 @@ def triton_cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def _tag(q: torch.Tensor, bits: int) -> torch.Tensor:
+    # Codes within [-7, 7] may use the packed int4 GEMM on Ampere (hot.fast.gemm).
+    from .gemm import tag_small_codes
+
+    return tag_small_codes(q) if bits <= 4 else q
+
+
 def _delegate(x: torch.Tensor, bits: int) -> bool:
     return bits == 0 or x.dtype == torch.float64 or x.numel() == 0
 
@@ -120,7 +127,7 @@ def hq_quantize(x, bits, scale_mode, stochastic, seed):
         return ref.hq_quantize(x, bits, scale_mode, stochastic, seed)
     _check(x, "hq_quantize")
     q, s, _, _ = gy_pass(x, (bits, scale_mode, stochastic, seed), None)
-    return q, s
+    return _tag(q, bits), s
 
 
 def hla_quantize(x, rank, selection, bits, scale_mode, stochastic, seed):
@@ -128,7 +135,7 @@ def hla_quantize(x, rank, selection, bits, scale_mode, stochastic, seed):
         return ref.hla_quantize(x, rank, selection, bits, scale_mode, stochastic, seed)
     _check(x, "hla_quantize")
     _, _, q, s = gy_pass(x, None, (rank, selection, bits, scale_mode, stochastic, seed))
-    return q, s
+    return _tag(q, bits), s
 
 
 def gy_quantize(x, hq_bits, hq_scale_mode, hq_stochastic, hq_seed, rank, selection, hla_bits,
@@ -139,5 +146,6 @@ def gy_quantize(x, hq_bits, hq_scale_mode, hq_stochastic, hq_seed, rank, selecti
         b = hla_quantize(x, rank, selection, hla_bits, hla_scale_mode, hla_stochastic, hla_seed)
         return a[0], a[1], b[0], b[1]
     _check(x, "gy_quantize")
-    return gy_pass(x, (hq_bits, hq_scale_mode, hq_stochastic, hq_seed),
-                   (rank, selection, hla_bits, hla_scale_mode, hla_stochastic, hla_seed))
+    q1, s1, q2, s2 = gy_pass(x, (hq_bits, hq_scale_mode, hq_stochastic, hq_seed),
+                             (rank, selection, hla_bits, hla_scale_mode, hla_stochastic, hla_seed))
+    return _tag(q1, hq_bits), s1, _tag(q2, hla_bits), s2

@@ -1,0 +1,106 @@
+"""One ViT-B/16 training step (timm vit_base_patch16_224, random init, batch 128, bf16 autocast
+forward, cross-entropy, backward, fused AdamW): HOT (fast backend) against plain bf16 autocast,
+each with and without torch.compile. Median step time over timed steps after warm-up (CUDA
+events) and peak allocated memory.
+
+    python -m hot.bench.e2e [--modes bf16,bf16_compile,hot,hot_compile] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+
+def _model(hot_on: bool):
+    import timm
+
+    torch.manual_seed(0)
+    m = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=1000).cuda()
+    if hot_on:
+        import hot
+
+        hot.convert(m, hot.HOTConfig(seed=0), backend="fast")
+    return m
+
+
+def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10) -> dict:
+    hot_on = mode.startswith("hot")
+    m = _model(hot_on)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+    fwd = torch.compile(m) if mode.endswith("compile") else m
+    xs = [torch.randn(batch, 3, 224, 224, device="cuda") for _ in range(2)]
+    ys = [torch.randint(0, 1000, (batch,), device="cuda") for _ in range(2)]
+
+    def step(i):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(fwd(xs[i % 2]), ys[i % 2])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    t0 = time.time()
+    for i in range(warmup):
+        loss = step(i)
+    torch.cuda.synchronize()
+    warm_s = time.time() - t0
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        loss = step(i)
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    out = {"mode": mode, "step_ms": times[len(times) // 2], "min_ms": times[0],
+           "peak_GiB": torch.cuda.max_memory_allocated() / 2**30, "loss": float(loss),
+           "warmup_s": warm_s}
+    if hot_on:
+        from hot.nn.modules import HOTConv2d, HOTLinear
+
+        out["hot_layers"] = sum(isinstance(x, (HOTLinear, HOTConv2d)) for x in m.modules())
+    if mode.endswith("compile"):
+        try:
+            import torch._dynamo.utils as du
+
+            out["graph_breaks"] = int(du.counters["stats"].get("unique_graphs", 0))
+        except Exception:
+            pass
+    del m, opt, fwd
+    torch.cuda.empty_cache()
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--modes", default="bf16,bf16_compile,hot,hot_compile")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    res = []
+    for mode in a.modes.split(","):
+        try:
+            r = step_time(mode, steps=a.steps)
+        except Exception as e:  # reported, never hidden: a mode that fails says why
+            r = {"mode": mode, "error": f"{type(e).__name__}: {e}",
+                 "trace": traceback.format_exc()[-3000:]}
+            torch.cuda.empty_cache()
+        print(json.dumps({k: v for k, v in r.items() if k != "trace"}), flush=True)
+        res.append(r)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
