@@ -12,6 +12,7 @@ three parts are uncorrelated, so
 The mean of N independent draws has covariance C / N and, by the CLT, is close to Gaussian.
 """
 
+import contextlib
 import math
 
 import pytest
@@ -54,9 +55,12 @@ def _f32_slack(a, sa, b, sb, dense_bound):
     return 3 * g16 * dense_bound + 3 * U32 * ((a.abs() + sa) @ (b.abs() + sb).T)
 
 
-def test_hq_gx_is_unbiased_and_its_error_shrinks_like_one_over_sqrt_draws():
+@pytest.mark.parametrize("stream", ["torch", "hash"])
+def test_hq_gx_is_unbiased_and_its_error_shrinks_like_one_over_sqrt_draws(stream):
     """Paper g_x path (4-bit, both operands stochastically rounded, per-token g_y scale) over
-    independent draws (a different torch seed per backward)."""
+    independent draws (a different torch seed per backward), with the reference's default
+    random stream and with the kernels' hash stream."""
+    ctx = quant.hash_rng() if stream == "hash" else contextlib.nullcontext()
     torch.manual_seed(0)
     n_tok, i_f, o_f = 64, 64, 40  # O = 40 is zero-padded to 48
     lin = nn.Linear(i_f, o_f, bias=False)
@@ -76,8 +80,9 @@ def test_hq_gx_is_unbiased_and_its_error_shrinks_like_one_over_sqrt_draws():
         return gx.double()
 
     n = 60  # the RMS statistic's spread rho depends on the elements, not on N
-    first = torch.stack([draw(i) for i in range(n)]).mean(0)
-    rest = torch.stack([draw(i) for i in range(n, 5 * n)]).mean(0)  # 4N further, disjoint draws
+    with ctx:
+        first = torch.stack([draw(i) for i in range(n)]).mean(0)
+        rest = torch.stack([draw(i) for i in range(n, 5 * n)]).mean(0)  # 4N more, disjoint
 
     a, va, sa = _sr_moments(hq_transform(gy), 4)
     b, vb, sb = _sr_moments(hq_transform(w.t()), 4)
