@@ -68,7 +68,8 @@ def test_unknown_backend_env_var_names_value_and_source(monkeypatch):
         backend.resolve_backend(None, torch.device("cpu"))
 
 
-def test_fast_requested_but_not_built_fails_at_first_forward_naming_layer():
+def test_fast_requested_where_it_cannot_run_fails_at_first_forward_naming_layer():
+    """On a CPU tensor the fast backend (GPU kernels) cannot run, built or not."""
     model = hot.convert(torch.nn.Sequential(torch.nn.Linear(4, 4)), backend="fast")
     x = torch.randn(2, 4, requires_grad=True)
     with pytest.raises(BackendUnavailableError, match=r"'fast'.*'0'.*reference"):
