@@ -12,6 +12,7 @@ that fold sums per input pixel. A quantized (4-bit) path misses these bounds by 
 magnitude, so they are tight enough to catch any approximation.
 """
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -114,3 +115,31 @@ def test_bound_is_tight_enough_to_catch_quantization():
     gx, _ = grads(model, x, gy)
     tol = (gamma(32 + 32) + gamma(20)) * (gy.abs() @ ones_blocks(20) @ plain.weight.detach().abs())
     assert ((gx - gx_ref).abs() > tol).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("padding,kernel,dilation", [("same", (3, 5), 1), ("same", 3, 2),
+                                                     ("valid", (2, 3), 1)])
+def test_conv2d_string_padding_exact(padding, kernel, dilation):
+    torch.manual_seed(0)
+    plain = nn.Conv2d(3, 5, kernel, padding=padding, dilation=dilation).double()
+    model = hot_copy(wrap(plain), hot.HOTConfig.exact())
+    x = torch.randn(2, 3, 7, 6, dtype=torch.float64, requires_grad=True)
+    y_ref = plain(x)
+    gy = torch.randn_like(y_ref)
+    gx_ref, g_ref = grads(wrap(plain), x, gy)
+    gx, g = grads(model, x, gy)
+    # Same Higham bound as above, in its scalar form: every element of g_x sums at most
+    # O * kh * kw products plus the transforms, each entry bounded by max|g_y| max|W| * 16.
+    kk = plain.weight.shape[-1] * plain.weight.shape[-2]
+    scale = 16 * kk * pad16(5) * gy.abs().max() * plain.weight.abs().max()
+    _assert_within(gx, gx_ref, 2 * gamma(pad16(5) + 32 + kk) * scale, "g_x")
+    n_tok = gy.shape[0] * gy.shape[2] * gy.shape[3]
+    scale_w = 16 * pad16(n_tok) * gy.abs().max() * x.detach().abs().max()
+    _assert_within(g["0.weight"], g_ref["0.weight"], 2 * gamma(pad16(n_tok) + 32) * scale_w, "g_W")
+
+
+def test_even_kernel_same_padding_stays_standard_with_a_warning():
+    model = nn.Sequential(nn.Conv2d(3, 5, 2, padding="same"))
+    with pytest.warns(UserWarning, match=r"'0'.*same"):
+        hot.convert(model, backend="reference")
+    assert type(model[0]) is nn.Conv2d
