@@ -107,13 +107,13 @@ class _HOTMixin:
         if x.dtype not in SUPPORTED_DTYPES:
             raise HOTLayerError(
                 f"HOT layer {self.hot_name!r}: input dtype {x.dtype} is not supported; "
-                f"use float32, bfloat16 or float16 (e.g. x.float()), or exclude this layer "
+                f"use float32, bfloat16, float16 or float64 (e.g. x.float()), or exclude this layer "
                 f"with hot.convert(..., filter=...)."
             )
         if self.weight.dtype not in SUPPORTED_DTYPES:
             raise HOTLayerError(
                 f"HOT layer {self.hot_name!r}: weight dtype {self.weight.dtype} is not supported; "
-                f"use float32, bfloat16 or float16 weights."
+                f"use float32, bfloat16, float16 or float64 weights."
             )
 
     def _autocast(self, x, weight, bias):

@@ -84,6 +84,10 @@ def _lqs_mode(layer, cfg: HOTConfig, gy2d: torch.Tensor, bits: int) -> str:
         t = hq_transform(gy2d)
         err = torch.stack([expected_sr_error(t, bits, "row"),
                            expected_sr_error(t, bits, "tensor")]).to(torch.float64)
+    # A pass with NaN/Inf (an AMP overflow step) or an all-zero g_y says nothing about the
+    # layer's outlier pattern: it must not lock in a decision. Calibrate on the next pass.
+    if not bool(torch.isfinite(err).all()) or float(err[1]) == 0.0:
+        return "row"
     layer.hot_lqs_err += err.to(layer.hot_lqs_err.device)
     layer.hot_lqs_seen += 1
     if int(layer.hot_lqs_seen) >= cfg.lqs.calibration_steps:

@@ -142,3 +142,18 @@ def test_no_decision_while_exact():
     assert int(model[0].hot_lqs) == -1
     _step(model, _outlier_gy())
     assert int(model[0].hot_lqs) == 1
+
+
+@pytest.mark.parametrize("bad", ["nonfinite", "zeros"])
+def test_uninformative_pass_does_not_lock_in_a_decision(bad):
+    # An AMP overflow step (Inf in g_y) or an all-zero g_y must not decide LQS: the layer keeps
+    # calibrating and decides on the next informative pass (here: outliers -> per-token).
+    model = _model()
+    gy = torch.zeros(TOKENS, OUT_F)
+    if bad == "nonfinite":
+        gy = _gaussian_gy()
+        gy[5, 3] = float("inf")
+    _step(model, gy)
+    assert model[0].hot_lqs_value() == -1
+    _step(model, _outlier_gy())
+    assert model[0].hot_lqs_value() == 1
