@@ -1,0 +1,324 @@
+// Python binding of the hot CUDA kernels (module hot.fast._C). This is the only translation unit
+// that includes torch: it checks every input, pads awkward shapes, chunks long K, allocates the
+// outputs and hands raw pointers to the kernels in the .cu files.
+//
+// c10/cuda/CUDAStream.h rather than ATen/cuda/CUDAContext.h: the latter pulls cuBLAS/cuSPARSE
+// headers that a bare CUDA toolkit may lack (kernel_tech.md section 5).
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "cutlass/version.h"
+#include "hot_kernels.h"
+
+#define HOT_STR2(x) #x
+#define HOT_STR(x) HOT_STR2(x)
+#ifndef HOT_CUDA_ARCHS
+#define HOT_CUDA_ARCHS unknown
+#endif
+
+namespace {
+
+// Largest K per GEMM call for which no int32 partial sum can overflow: int8 codes lie in
+// [-128, 127], so |sum| <= K * 128^2 <= 2^31 - 1 needs K <= 131071; int4 codes lie in [-8, 7], so
+// K * 64 <= 2^31 - 1 needs K <= 33554431. Both are rounded down to a multiple of 256 so every
+// chunk start keeps the operand pointers 16-byte aligned.
+constexpr int64_t kMaxKInt8 = 130816;
+constexpr int64_t kMaxKInt4 = 33554176;
+constexpr int64_t kScalePad = 256;  // scale vectors are padded so vector loads never leave them
+
+enum class Kind { kS8Sm90, kS8Sm80, kS4Sm80 };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kS8Sm90: return "gemm_s8s8_sm90";
+    case Kind::kS8Sm80: return "gemm_s8s8_sm80";
+    case Kind::kS4Sm80: return "gemm_s4s4_sm80";
+  }
+  return "?";
+}
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+std::string arch_list() { return HOT_STR(HOT_CUDA_ARCHS); }  // e.g. "sm80_sm86_sm90a"
+
+// The targets this module carries SASS for, as (major, minor, arch-specific 'a').
+struct Target { int major, minor; bool specific; };
+std::vector<Target> targets() {
+  std::vector<Target> out;
+  const std::string s = arch_list();
+  size_t i = 0;
+  while ((i = s.find("sm", i)) != std::string::npos) {
+    size_t j = i + 2;
+    while (j < s.size() && isdigit(static_cast<unsigned char>(s[j]))) ++j;
+    if (j - i >= 4) {
+      int v = std::stoi(s.substr(i + 2, j - i - 2));
+      out.push_back({v / 10, v % 10, j < s.size() && s[j] == 'a'});
+    }
+    i = j;
+  }
+  return out;
+}
+
+bool sm90a_built() {
+  for (auto t : targets()) if (t.major == 9 && t.minor == 0 && t.specific) return true;
+  return false;
+}
+
+// SASS for sm_XY runs on devices of the same major version with minor >= Y; an arch-specific
+// target (sm_90a) runs only on exactly that version.
+bool runs_on(int major, int minor) {
+  for (auto t : targets()) {
+    if (t.major != major) continue;
+    if (t.specific ? t.minor == minor : t.minor <= minor) return true;
+  }
+  return false;
+}
+
+void check_device(Kind kind, const torch::Device& dev) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev.index());
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev.index());
+  const std::string where = std::string("hot.fast._C.") + kind_name(kind) + ": ";
+  if (kind == Kind::kS8Sm90) {
+    TORCH_CHECK(sm90a_built(), where, "this build has no sm_90a code (archs: ", arch_list(),
+                "); rebuild with TORCH_CUDA_ARCH_LIST containing 9.0a, or use gemm_s8s8_sm80");
+    TORCH_CHECK(major == 9 && minor == 0, where, "needs a Hopper GPU (compute capability 9.0), got ",
+                major, ".", minor, " on ", dev, "; use gemm_s8s8_sm80 there");
+  } else {
+    TORCH_CHECK(major >= 8, where, "needs compute capability >= 8.0 (Ampere), got ", major, ".", minor,
+                " on ", dev, "; use backend='reference'");
+    TORCH_CHECK(runs_on(major, minor), where, "this build has no code for compute capability ", major, ".",
+                minor, " (archs: ", arch_list(), "); rebuild with it in TORCH_CUDA_ARCH_LIST");
+  }
+}
+
+// An operand: 2-D, on `dev`, of `dtype`, K contiguous, rows 16-byte aligned.
+void check_operand(Kind kind, const char* name, const torch::Tensor& t, torch::ScalarType dtype,
+                   const c10::optional<torch::Device>& dev, int64_t per_byte, int64_t align) {
+  const std::string where = std::string("hot.fast._C.") + kind_name(kind) + ": ";
+  TORCH_CHECK(t.is_cuda(), where, name, " must be a CUDA tensor, got one on ", t.device(),
+              "; move the operands to the GPU or use backend='reference'");
+  if (dev) TORCH_CHECK(t.device() == *dev, where, name, " is on ", t.device(), " but a is on ", *dev);
+  TORCH_CHECK(t.scalar_type() == dtype, where, name, " must be ", dtype == torch::kUInt8 ? "uint8 (packed int4, see pack_int4)" : "int8",
+              ", got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 2, where, name, " must be 2-D, got shape ", t.sizes());
+  TORCH_CHECK(t.size(1) * per_byte % align == 0, where, "K = ", t.size(1) * per_byte, " (", name,
+              ") is not a multiple of ", align, "; pad both operands with zero codes along K",
+              per_byte == 2 ? " (pack_int4 pads to 32)" : "");
+  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, where, name,
+              " must be contiguous along K (stride(1) == 1), got strides ", t.strides(), "; call .contiguous()");
+  TORCH_CHECK(t.size(0) <= 1 || t.size(1) == 0 || t.stride(0) % 16 == 0, where, name, " row stride ", t.stride(0),
+              " bytes is not a multiple of 16; call .contiguous() after padding K");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, where, name,
+              " data pointer is not 16-byte aligned; call .clone()");
+  TORCH_CHECK(t.size(0) < (int64_t(1) << 31), where, name, " has ", t.size(0), " rows; at most 2^31 - 1");
+}
+
+// A scale: fp32 of shape (rows, 1) or (1, 1), returned as a contiguous vector of `rows` values
+// padded with zeros to a multiple of kScalePad.
+torch::Tensor scale_vector(Kind kind, const char* name, const torch::Tensor& s, int64_t rows,
+                           const torch::Device& dev) {
+  const std::string where = std::string("hot.fast._C.") + kind_name(kind) + ": ";
+  TORCH_CHECK(s.device() == dev, where, name, " is on ", s.device(), ", the operands on ", dev);
+  TORCH_CHECK(s.scalar_type() == torch::kFloat32, where, name, " must be float32, got ", s.scalar_type());
+  TORCH_CHECK(s.dim() == 2 && s.size(1) == 1 && (s.size(0) == rows || s.size(0) == 1), where, name,
+              " must have shape (", rows, ", 1) or (1, 1), got ", s.sizes());
+  torch::Tensor v = torch::zeros({round_up(std::max<int64_t>(rows, 1), kScalePad)}, s.options());
+  v.narrow(0, 0, rows).copy_(s.reshape({-1}).expand({rows}));
+  return v;
+}
+
+torch::ScalarType out_scalar_type(const std::string& name, hot::OutType* t) {
+  if (name == "float32") { *t = hot::OutType::kF32; return torch::kFloat32; }
+  if (name == "bfloat16") { *t = hot::OutType::kBF16; return torch::kBFloat16; }
+  if (name == "float16") { *t = hot::OutType::kF16; return torch::kFloat16; }
+  TORCH_CHECK(false, "hot.fast._C: out_dtype must be 'float32', 'bfloat16' or 'float16', got '", name, "'");
+  return torch::kFloat32;
+}
+
+const char* launch(Kind kind, hot::GemmArgs& g, const torch::TensorOptions& opts) {
+  size_t ws = 0;
+  switch (kind) {
+    case Kind::kS8Sm90: ws = hot::gemm_s8s8_sm90_workspace_size(g); break;
+    case Kind::kS8Sm80: ws = hot::gemm_s8s8_sm80_workspace_size(g); break;
+    case Kind::kS4Sm80: ws = hot::gemm_s4s4_sm80_workspace_size(g); break;
+  }
+  torch::Tensor workspace;
+  if (ws > 0) {
+    workspace = torch::empty({int64_t(ws)}, opts.dtype(torch::kUInt8));
+    g.workspace = workspace.data_ptr();
+  }
+  switch (kind) {
+    case Kind::kS8Sm90: return hot::gemm_s8s8_sm90(g);
+    case Kind::kS8Sm80: return hot::gemm_s8s8_sm80(g);
+    case Kind::kS4Sm80: return hot::gemm_s4s4_sm80(g);
+  }
+  return "unknown kernel";
+}
+
+// out = (a @ b^T) * sa * sb^T for codes a (M, K) and b (N, K); see hot/fast/_ext.py for the
+// exact rounding. K is split into chunks of at most max_k (0: the overflow bound) whose
+// dequantized fp32 partials are summed in order.
+torch::Tensor scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& sa,
+                          const torch::Tensor& sb, const std::string& out_dtype, int64_t max_k) {
+  const bool int4 = kind == Kind::kS4Sm80;
+  const auto in_dtype = int4 ? torch::kUInt8 : torch::kInt8;
+  const int64_t per_byte = int4 ? 2 : 1;
+  const int64_t align = int4 ? 32 : 16;
+  const std::string where = std::string("hot.fast._C.") + kind_name(kind) + ": ";
+
+  check_operand(kind, "a", a, in_dtype, c10::nullopt, per_byte, align);
+  const torch::Device dev = a.device();
+  check_operand(kind, "b", b, in_dtype, dev, per_byte, align);
+  hot::OutType otype;
+  const torch::ScalarType odt = out_scalar_type(out_dtype, &otype);
+  const int64_t M = a.size(0), N = b.size(0), K = a.size(1) * per_byte;
+  TORCH_CHECK(b.size(1) * per_byte == K, where, "a is (", M, ", ", K, ") and b is (", N, ", ", b.size(1) * per_byte,
+              ") codes: the K dimensions differ");
+
+  c10::cuda::CUDAGuard guard(dev);
+  check_device(kind, dev);
+  auto fopts = torch::TensorOptions().device(dev).dtype(torch::kFloat32);
+  torch::Tensor sa_v = scale_vector(kind, "sa", sa, M, dev);
+  torch::Tensor sb_v = scale_vector(kind, "sb", sb, N, dev);
+  if (M == 0 || N == 0 || K == 0) {
+    // No products: the sum is exactly 0, still scaled so NaN/Inf scales propagate as in the reference.
+    auto z = torch::zeros({M, N}, fopts) * sa_v.narrow(0, 0, M).unsqueeze(1) * sb_v.narrow(0, 0, N).unsqueeze(0);
+    return z.to(odt);
+  }
+
+  // The kernels want N (the output row) a multiple of 16: pad b with zero rows.
+  const int64_t Np = round_up(N, 16);
+  torch::Tensor bp = b;
+  if (Np != N) {
+    bp = torch::zeros({Np, b.size(1)}, b.options());
+    bp.narrow(0, 0, N).copy_(b);
+  }
+
+  int64_t kc = max_k > 0 ? std::min(max_k, int4 ? kMaxKInt4 : kMaxKInt8) : (int4 ? kMaxKInt4 : kMaxKInt8);
+  kc = kc / align * align;
+  TORCH_CHECK(kc >= align, where, "max_k = ", max_k, " is below the K alignment ", align);
+  const int64_t nchunks = (K + kc - 1) / kc;
+
+  hot::GemmArgs g;
+  g.lda = a.size(0) > 1 ? a.stride(0) * per_byte : K;
+  g.ldb = bp.size(0) > 1 ? bp.stride(0) * per_byte : K;
+  g.sa = sa_v.data_ptr<float>();
+  g.sb = sb_v.data_ptr<float>();
+  g.m = int(M);
+  g.n = int(Np);
+  g.ldo = Np;
+  g.stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
+
+  torch::Tensor out = torch::empty({M, Np}, fopts.dtype(nchunks == 1 ? odt : torch::kFloat32));
+  torch::Tensor part;
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int64_t k0 = c * kc;
+    const int64_t kl = std::min(kc, K - k0);
+    g.a = static_cast<const uint8_t*>(a.data_ptr()) + k0 / per_byte;
+    g.b = static_cast<const uint8_t*>(bp.data_ptr()) + k0 / per_byte;
+    g.k = int(kl);
+    if (c == 0) {
+      g.out = out.data_ptr();
+      g.out_type = nchunks == 1 ? otype : hot::OutType::kF32;
+    } else {
+      if (!part.defined()) part = torch::empty({M, Np}, fopts);
+      g.out = part.data_ptr();
+      g.out_type = hot::OutType::kF32;
+    }
+    const char* err = launch(kind, g, fopts);
+    TORCH_CHECK(err == nullptr, where, err, " (M=", M, ", N=", N, ", K=", K, ", chunk K=", kl, ")");
+    if (c > 0) out.add_(part);
+  }
+  if (nchunks > 1) out = out.to(odt);
+  if (Np != N) out = out.narrow(1, 0, N).contiguous();
+  return out;
+}
+
+torch::Tensor gemm_s8s8_sm90(torch::Tensor a, torch::Tensor b, torch::Tensor sa, torch::Tensor sb,
+                             std::string out_dtype, int64_t max_k) {
+  return scaled_gemm(Kind::kS8Sm90, a, b, sa, sb, out_dtype, max_k);
+}
+torch::Tensor gemm_s8s8_sm80(torch::Tensor a, torch::Tensor b, torch::Tensor sa, torch::Tensor sb,
+                             std::string out_dtype, int64_t max_k) {
+  return scaled_gemm(Kind::kS8Sm80, a, b, sa, sb, out_dtype, max_k);
+}
+torch::Tensor gemm_s4s4_sm80(torch::Tensor a, torch::Tensor b, torch::Tensor sa, torch::Tensor sb,
+                             std::string out_dtype, int64_t max_k) {
+  return scaled_gemm(Kind::kS4Sm80, a, b, sa, sb, out_dtype, max_k);
+}
+
+// codes (R, K) int8 in [-8, 7] -> (R, ceil(K / 32) * 16) uint8, zero codes past K.
+torch::Tensor pack_int4(torch::Tensor codes, bool check) {
+  const std::string where = "hot.fast._C.pack_int4: ";
+  TORCH_CHECK(codes.is_cuda(), where, "codes must be a CUDA tensor, got one on ", codes.device());
+  TORCH_CHECK(codes.scalar_type() == torch::kInt8, where, "codes must be int8, got ", codes.scalar_type());
+  TORCH_CHECK(codes.dim() == 2, where, "codes must be 2-D (rows, K), got shape ", codes.sizes());
+  TORCH_CHECK(codes.size(1) <= 1 || codes.stride(1) == 1, where, "codes must be contiguous along K; call .contiguous()");
+  c10::cuda::CUDAGuard guard(codes.device());
+  const int64_t R = codes.size(0), K = codes.size(1), Kp = round_up(K, 32);
+  auto packed = torch::empty({R, Kp / 2}, codes.options().dtype(torch::kUInt8));
+  torch::Tensor flag;
+  if (check) flag = torch::zeros({1}, codes.options().dtype(torch::kInt32));
+  auto stream = c10::cuda::getCurrentCUDAStream(codes.device().index()).stream();
+  const char* err = hot::pack_int4(codes.data_ptr<int8_t>(), R, K, R > 1 ? codes.stride(0) : K,
+                                   packed.data_ptr<uint8_t>(), Kp, check ? flag.data_ptr<int>() : nullptr, stream);
+  TORCH_CHECK(err == nullptr, where, err);
+  if (check) {
+    TORCH_CHECK(flag.item<int>() == 0, where, "codes outside the int4 range [-8, 7] (a ", R, "x", K,
+                " tensor); quantize to 4 bits first, or use the int8 GEMM");
+  }
+  return packed;
+}
+
+// packed (R, B) uint8 -> codes (R, k) int8, k <= 2 B.
+torch::Tensor unpack_int4(torch::Tensor packed, int64_t k) {
+  const std::string where = "hot.fast._C.unpack_int4: ";
+  TORCH_CHECK(packed.is_cuda(), where, "packed must be a CUDA tensor, got one on ", packed.device());
+  TORCH_CHECK(packed.scalar_type() == torch::kUInt8, where, "packed must be uint8, got ", packed.scalar_type());
+  TORCH_CHECK(packed.dim() == 2, where, "packed must be 2-D, got shape ", packed.sizes());
+  TORCH_CHECK(packed.size(1) <= 1 || packed.stride(1) == 1, where, "packed must be contiguous along its columns");
+  TORCH_CHECK(k >= 0 && k <= 2 * packed.size(1), where, "k = ", k, " must lie in [0, ", 2 * packed.size(1), "]");
+  c10::cuda::CUDAGuard guard(packed.device());
+  const int64_t R = packed.size(0);
+  auto codes = torch::empty({R, k}, packed.options().dtype(torch::kInt8));
+  auto stream = c10::cuda::getCurrentCUDAStream(packed.device().index()).stream();
+  const char* err = hot::unpack_int4(packed.data_ptr<uint8_t>(), R, k, R > 1 ? packed.stride(0) : packed.size(1),
+                                     codes.data_ptr<int8_t>(), stream);
+  TORCH_CHECK(err == nullptr, where, err);
+  return codes;
+}
+
+pybind11::dict info() {
+  pybind11::dict d;
+  d["archs"] = arch_list();
+  d["sm90a"] = sm90a_built();
+  d["max_k_int8"] = kMaxKInt8;
+  d["max_k_int4"] = kMaxKInt4;
+  d["cutlass_version"] = std::to_string(CUTLASS_MAJOR) + "." + std::to_string(CUTLASS_MINOR) + "." + std::to_string(CUTLASS_PATCH);
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "hot CUDA kernels: CUTLASS integer GEMMs with dequantizing epilogues, int4 packing";
+  m.def("gemm_s8s8_sm90", &gemm_s8s8_sm90, "int8 wgmma GEMM (sm_90a) with row/column scales",
+        pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("sa"), pybind11::arg("sb"),
+        pybind11::arg("out_dtype"), pybind11::arg("max_k") = 0);
+  m.def("gemm_s8s8_sm80", &gemm_s8s8_sm80, "int8 mma.sync GEMM (sm_80+) with row/column scales",
+        pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("sa"), pybind11::arg("sb"),
+        pybind11::arg("out_dtype"), pybind11::arg("max_k") = 0);
+  m.def("gemm_s4s4_sm80", &gemm_s4s4_sm80, "packed int4 mma.sync GEMM (sm_80+) with row/column scales",
+        pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("sa"), pybind11::arg("sb"),
+        pybind11::arg("out_dtype"), pybind11::arg("max_k") = 0);
+  m.def("pack_int4", &pack_int4, "int8 codes -> packed int4", pybind11::arg("codes"), pybind11::arg("check") = true);
+  m.def("unpack_int4", &unpack_int4, "packed int4 -> int8 codes", pybind11::arg("packed"), pybind11::arg("k"));
+  m.def("info", &info, "build facts: archs, sm90a, max_k_int8, max_k_int4, cutlass_version");
+}
