@@ -38,7 +38,7 @@ def _extension():
     if torch.version.cuda is None:
         return f"torch {torch.__version__} is a CPU-only build"
     cfg = _build_config()
-    if cfg.nvcc_path(cpp_extension.CUDA_HOME) is None:
+    if cfg.use_cuda_home(cpp_extension) is None:
         return f"nvcc not found at build time (CUDA_HOME={cpp_extension.CUDA_HOME!r}); set CUDA_HOME to the toolkit root"
     try:
         include_dirs = cfg.include_dirs()

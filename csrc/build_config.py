@@ -83,3 +83,35 @@ def nvcc_path(cuda_home: Optional[str]) -> Optional[str]:
         return None
     p = os.path.join(cuda_home, "bin", "nvcc")
     return p if os.path.isfile(p) else None
+
+
+def _is_toolkit(root: Optional[str]) -> bool:
+    return bool(root) and nvcc_path(root) is not None and os.path.isfile(
+        os.path.join(root, "include", "cuda_runtime.h"))
+
+
+def find_cuda_home(torch_guess: Optional[str]) -> Optional[str]:
+    """The CUDA toolkit root: $CUDA_HOME, $CUDA_PATH, torch's guess, /usr/local/cuda, then
+    /usr/local/cuda-*; the first that holds bin/nvcc and include/cuda_runtime.h.
+
+    torch guesses the root as the parent of the folder of the first nvcc on PATH, which is
+    wrong when that nvcc is a wrapper script (e.g. /usr/local/bin/nvcc -> CUDA_HOME=/usr/local,
+    kernel_tech.md section 5), hence the checks.
+    """
+    import glob
+
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), torch_guess, "/usr/local/cuda"]
+    candidates += sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
+    for c in candidates:
+        if _is_toolkit(c):
+            return os.path.realpath(c)
+    return None
+
+
+def use_cuda_home(cpp_extension) -> Optional[str]:
+    """Points torch.utils.cpp_extension (and child processes) at find_cuda_home(); returns it."""
+    home = find_cuda_home(cpp_extension.CUDA_HOME)
+    if home is not None and home != cpp_extension.CUDA_HOME:
+        cpp_extension.CUDA_HOME = home  # read as a module global by every cpp_extension helper
+        os.environ["CUDA_HOME"] = home
+    return home

@@ -90,7 +90,7 @@ def jit_build(archs: Optional[str] = None, build_dir: Optional[str] = None, verb
     from torch.utils import cpp_extension
 
     cfg = _build_config()
-    if cfg.nvcc_path(cpp_extension.CUDA_HOME) is None:
+    if cfg.use_cuda_home(cpp_extension) is None:
         raise RuntimeError(f"nvcc not found (CUDA_HOME={cpp_extension.CUDA_HOME!r}); set CUDA_HOME to the toolkit root")
     archs = archs or _jit_arch_list()
     tag = cfg.arch_tag(archs)
@@ -128,7 +128,7 @@ def _not_built_reason() -> str:
         cfg = _build_config()
     except RuntimeError as e:
         return f"not built: {e}"
-    if cfg.nvcc_path(cpp_extension.CUDA_HOME) is None:
+    if cfg.find_cuda_home(cpp_extension.CUDA_HOME) is None:
         return "not built: nvcc not found at build time (set CUDA_HOME, then pip install --no-build-isolation -e .)"
     return ("not built: run `pip install --no-build-isolation -e .` (or set HOT_JIT_BUILD=1 to compile "
             "on first use)")

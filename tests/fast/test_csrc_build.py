@@ -32,8 +32,8 @@ def _missing_prerequisite():
 
     if torch.version.cuda is None:
         return "torch is a CPU-only build"
-    if _cfg().nvcc_path(cpp_extension.CUDA_HOME) is None:
-        return f"nvcc not found under CUDA_HOME={cpp_extension.CUDA_HOME!r}"
+    if _cfg().find_cuda_home(cpp_extension.CUDA_HOME) is None:
+        return f"no CUDA toolkit (bin/nvcc + include/cuda_runtime.h) found; torch guessed {cpp_extension.CUDA_HOME!r}"
     if importlib.util.find_spec("cutlass_library") is None:
         return "nvidia-cutlass (the CUTLASS headers) is not installed"
     if shutil.which("ninja") is None and importlib.util.find_spec("ninja") is None:
@@ -60,6 +60,23 @@ def test_arch_tag_parses_torch_arch_lists():
     assert cfg.arch_tag("8.0 8.6+PTX") == "sm80_sm86"
     assert cfg.arch_tag("") == "none"
     assert cfg.arch_list("") == cfg.DEFAULT_ARCHS == "8.0;8.6;9.0a"
+
+
+def test_cuda_home_skips_a_wrapper_folder(tmp_path, monkeypatch):
+    # A folder with bin/nvcc but no CUDA headers (an nvcc wrapper script) is not a toolkit.
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    home = _cfg().find_cuda_home(str(tmp_path))
+    assert home != str(tmp_path)
+    toolkit = tmp_path / "toolkit"
+    (toolkit / "bin").mkdir(parents=True)
+    (toolkit / "include").mkdir()
+    (toolkit / "bin" / "nvcc").write_text("")
+    (toolkit / "include" / "cuda_runtime.h").write_text("")
+    monkeypatch.setenv("CUDA_PATH", str(toolkit))
+    assert _cfg().find_cuda_home(None) == os.path.realpath(toolkit)
 
 
 def test_compile_flags_keep_ndebug_and_leave_the_standard_to_torch():
