@@ -18,7 +18,7 @@ from .trainer import RunSpec, train_run
 
 # Sized so that FP32 + HOT (reference backend) + evaluation finish in under 5 minutes on two
 # CPU cores; see docs/cli.md for the measurements behind these numbers.
-DEFAULTS = dict(train_size=20000, test_size=10000, epochs=1, batch_size=128, dim=128, depth=6)
+DEFAULTS = dict(train_size=20000, test_size=10000, epochs=3, batch_size=128, dim=64, depth=4)
 SMOKE = dict(train_size=512, test_size=256, epochs=1, batch_size=64, dim=32, depth=1)
 
 
