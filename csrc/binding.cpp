@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,7 +101,7 @@ void check_device(Kind kind, const torch::Device& dev) {
 
 // An operand: 2-D, on `dev`, of `dtype`, K contiguous, rows 16-byte aligned.
 void check_operand(Kind kind, const char* name, const torch::Tensor& t, torch::ScalarType dtype,
-                   const c10::optional<torch::Device>& dev, int64_t per_byte, int64_t align) {
+                   const std::optional<torch::Device>& dev, int64_t per_byte, int64_t align) {
   const std::string where = std::string("hot.fast._C.") + kind_name(kind) + ": ";
   TORCH_CHECK(t.is_cuda(), where, name, " must be a CUDA tensor, got one on ", t.device(),
               "; move the operands to the GPU or use backend='reference'");
@@ -173,7 +174,7 @@ torch::Tensor scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor
   const int64_t align = int4 ? 32 : 16;
   const std::string where = std::string("hot.fast._C.") + kind_name(kind) + ": ";
 
-  check_operand(kind, "a", a, in_dtype, c10::nullopt, per_byte, align);
+  check_operand(kind, "a", a, in_dtype, std::nullopt, per_byte, align);
   const torch::Device dev = a.device();
   check_operand(kind, "b", b, in_dtype, dev, per_byte, align);
   hot::OutType otype;
