@@ -15,8 +15,8 @@ from ..analysis import memory as M
 from ..analysis.saved import OTHER, SavedTensorMeter
 from ..analysis.shapes import layer_shapes
 from . import plots
-from .common import (add_hot_args, add_json_flag, device_from, emit, fmt_bytes, hot_config, log,
-                     render_table)
+from .common import (add_hot_args, add_json_flag, device_from, emit, fmt_bytes, hot_config,
+                     progress, render_table)
 from .methods import METHODS
 from .modelargs import add_model_args, build_for_analysis
 from .trainer import logits_of
@@ -55,7 +55,7 @@ def run(args) -> int:
         if m not in METHODS:
             raise ValueError(f"--methods: unknown method {m!r}; choose from {sorted(METHODS)}")
     results = {}
-    for name in methods:
+    for name in progress(methods, "memory: forward/backward per method"):
         method = METHODS[name]
         model = copy.deepcopy(base)
         if method.prepare is not None:

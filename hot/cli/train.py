@@ -49,7 +49,10 @@ def add_parser(sub) -> None:
     p.add_argument("--vit-depth", type=int, default=6)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--out", default=None, help="output folder (default runs/<model>-<dataset>-<method>)")
-    p.add_argument("--resume", default=None, help="checkpoint.pt to continue from")
+    p.add_argument("--resume", default=None, help="checkpoint.pt to continue from (with the "
+                   "same --epochs, so that the learning-rate schedule is the same)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="also keep checkpoint-epoch<N>.pt after every epoch")
     p.add_argument("--no-plot", action="store_true")
     add_hot_args(p)
     add_json_flag(p)
@@ -78,16 +81,18 @@ def run(args) -> int:
                    batch_size=args.batch_size, seed=args.seed, hot_config=hot_config(args),
                    backend=args.backend, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
                    max_len=args.max_len, image_size=args.image_size, max_steps=args.max_steps,
-                   checkpoint=str(out / "checkpoint.pt"), resume=args.resume)
+                   checkpoint=str(out / "checkpoint.pt"), resume=args.resume,
+                   keep_checkpoints=args.keep_checkpoints)
     t0 = time.perf_counter()
     r = train_run(builder, data, spec, device, label=args.method)
     model = r.pop("model")
     lqs = {n: int(m.hot_lqs) for n, m in _hot_layers(model)}
+    hot_steps = {n: int(m.hot_step) for n, m in _hot_layers(model)}
     result = {"model": args.model, "dataset": data.name, "data_note": data.note,
               "train_examples": len(data.y_train) if data.kind == "image" else len(data.train),
               "test_examples": len(data.y_test) if data.kind == "image" else len(data.test),
               "lr": lr, "lora_r": args.lora_r, "hot_config": spec.hot_config.to_dict(),
-              "lqs": lqs, "out": str(out), "wall_time_s": time.perf_counter() - t0, **r}
+              "lqs": lqs, "hot_steps": hot_steps, "out": str(out), "wall_time_s": time.perf_counter() - t0, **r}
     (out / "metrics.json").write_text(json.dumps(result, indent=1, default=str))
     with open(out / "metrics.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["epoch", "step", "train_loss", "test_acc"])

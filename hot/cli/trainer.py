@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import pathlib
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -44,6 +45,7 @@ class RunSpec:
     max_steps: Optional[int] = None  # stop early (smoke runs)
     eval_batch: int = 500
     checkpoint: Optional[str] = None  # path to write after every epoch
+    keep_checkpoints: bool = False  # also keep <checkpoint stem>-epoch<N>.pt for every epoch
     resume: Optional[str] = None
     extra: dict = field(default_factory=dict)
 
@@ -209,12 +211,15 @@ def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
                                   "train_loss": _mean(history["step_loss"][-len(chunks):])})
         log(f"[{label}] epoch {epoch + 1}: test accuracy {100 * acc:.2f}%")
         if spec.checkpoint:
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
                         "scheduler": sched.state_dict(), "epoch": epoch, "step": step,
-                        "history": history, "rng": torch.get_rng_state(),
-                        "method": spec.method,
-                        "hot_config": (spec.hot_config or hot.HOTConfig()).to_dict()},
-                       spec.checkpoint)
+                     "history": history, "rng": torch.get_rng_state(),
+                     "method": spec.method,
+                     "hot_config": (spec.hot_config or hot.HOTConfig()).to_dict()}
+            torch.save(state, spec.checkpoint)
+            if spec.keep_checkpoints:
+                p = pathlib.Path(spec.checkpoint)
+                torch.save(state, p.with_name(f"{p.stem}-epoch{epoch + 1}{p.suffix}"))
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     mem = measure_saved(model, train_b, method, device, spec.batch_size)
     st = state_bytes(model)

@@ -44,9 +44,10 @@ def minilm_dir() -> pathlib.Path:
 
 
 def build_model(spec: str, *, classes: int, input_shape: Optional[tuple] = None,
-                vit_dim: int = 128, vit_depth: int = 6, vit_heads: int = 4, vit_mlp: int = 256,
+                vit_dim: int = 128, vit_depth: int = 6, vit_heads: int = 4, vit_mlp: Optional[int] = None,
                 vit_patch: int = 4) -> BuiltModel:
-    """A freshly built model with a ``classes``-way head; ``input_shape`` = (C, H, W) for images."""
+    """A freshly built model with a ``classes``-way head; ``input_shape`` = (C, H, W) for images.
+    tiny-vit's MLP width defaults to 2 * vit_dim."""
     if spec == "tiny-vit":
         from .vit import TinyViT
 
@@ -54,7 +55,7 @@ def build_model(spec: str, *, classes: int, input_shape: Optional[tuple] = None,
         if h != w:
             raise ModelError(f"tiny-vit needs square images, got {h}x{w}; pass --image-size.")
         m = TinyViT(image_size=h, channels=c, classes=classes, patch=vit_patch, dim=vit_dim,
-                    depth=vit_depth, heads=vit_heads, mlp=vit_mlp)
+                    depth=vit_depth, heads=vit_heads, mlp=vit_mlp or 2 * vit_dim)
         return BuiltModel(m, "image", "tiny-vit")
     if spec == "minilm":
         return _hf(minilm_dir(), classes, "minilm")

@@ -1,0 +1,24 @@
+import contextlib
+import io
+import json
+import os
+
+import pytest
+
+from hot.cli.main import main
+
+os.environ["HOT_NO_PROGRESS"] = "1"
+
+
+@pytest.fixture
+def run_cli():
+    """Run `hot ARGS --json` in-process; returns (exit status, parsed JSON from stdout)."""
+
+    def run(*args):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main([*map(str, args), "--json"])
+        text = out.getvalue()
+        return rc, json.loads(text)
+
+    return run

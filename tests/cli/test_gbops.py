@@ -1,0 +1,83 @@
+"""GBOPs against the formulas, and against the official calculator's published ViT-B numbers
+(hot_official_code.md section 7.2: numbers printed by running gbops_calculation.py, not ours)."""
+
+import math
+
+import pytest
+
+from hot.analysis import gbops as G
+from hot.analysis.shapes import LayerShape
+
+LG = 4  # log2(16)
+
+
+def vitb_shapes():
+    """ViT-B/16 at 224x224, batch 1, 100 classes: the (L, O, I) of every GEMM."""
+    s = [LayerShape("patch_embed.proj", "conv", 196, 768, 3 * 16 * 16)]
+    for b in range(12):
+        s += [LayerShape(f"blocks.{b}.attn.qkv", "linear", 197, 2304, 768),
+              LayerShape(f"blocks.{b}.attn.proj", "linear", 197, 768, 768),
+              LayerShape(f"blocks.{b}.mlp.fc1", "linear", 197, 3072, 768),
+              LayerShape(f"blocks.{b}.mlp.fc2", "linear", 197, 768, 3072)]
+    return s + [LayerShape("head", "linear", 1, 100, 768)]
+
+
+def hot_official(L, O, I, k=0.5):
+    ops = (L * O * LG + O * I * LG + L * O + O * I + L * I * LG + L * O * LG + O * k * L
+           + I * k * O + I * O + L * I)
+    return (ops * 1024 + O * k * L * I * 64 + L * O * I * 16) / 1e9
+
+
+def test_fp_backward_is_two_gemms_of_fp32_macs():
+    s = LayerShape("x", "linear", 50, 24, 40)
+    assert G.backward_counts(s, "fp").bops == 2 * 50 * 24 * 40 * 1024
+    frozen = LayerShape("x", "linear", 50, 24, 40, trainable=False)
+    assert G.backward_counts(frozen, "fp").bops == 50 * 24 * 40 * 1024
+
+
+def test_hot_layer_matches_table5_formula():
+    L, O, I, r, n = 64, 48, 32, 8, 16
+    s = LayerShape("x", "linear", L, O, I)
+    c = G.backward_counts(s, "hot", rank=r)
+    table5_flops = (2 * L * O * LG + 2 * I * O * LG + 2 * L * O + 2 * I * O
+                    + 2 * L * I * LG + 2 * L * O * LG + 2 * I * L * r / n + 2 * O * L * r / n
+                    + 2 * I * O + 2 * L * I)
+    assert c.fp_ops == pytest.approx(table5_flops / 2)
+    assert c.int4_macs == L * O * I and c.int8_macs == O * L * r / n * I
+    assert c.bops == pytest.approx(table5_flops / 2 * 1024 + L * O * I * 16 + O * L * I / 2 * 64)
+
+
+def test_official_convention_differs_only_in_the_hla_term():
+    s = LayerShape("qkv", "linear", 197, 2304, 768)
+    t5 = G.backward_counts(s, "hot", convention="table5").bops
+    off = G.backward_counts(s, "hot", convention="official").bops
+    assert off - t5 == pytest.approx((768 * 0.5 * 2304 - 768 * 197 * 0.5) * 1024)
+
+
+def test_vitb_totals_reproduce_the_official_calculator():
+    t = G.table(vitb_shapes(), convention="official")["total_gbops"]
+    macs = sum(s.L * s.O * s.I for s in vitb_shapes())
+    assert t["forward"] == pytest.approx(macs * 1024 / 1e9)
+    assert t["fp_backward"] == pytest.approx(2 * macs * 1024 / 1e9)
+    hot = sum(hot_official(s.L, s.O, s.I) for s in vitb_shapes())
+    assert t["hot_backward"] == pytest.approx(hot)
+    # Published by the official script (two decimals):
+    assert round(t["forward"], 2) == 17252.16
+    assert round(t["fp_backward"], 2) == 34504.31
+    assert round(t["hot_backward"], 2) == 1604.72
+    assert round(t["lbp_wht_backward"], 2) == 8746.30
+    assert round(t["luq_backward"], 2) == 1733.87
+    qkv = G.backward_counts(LayerShape("qkv", "linear", 197, 2304, 768), "hot", convention="official")
+    assert round(qkv.bops / 1e9, 2) == 33.70
+
+
+def test_cli_gbops_on_timm_vit_reads_shapes_with_hooks(run_cli):
+    pytest.importorskip("timm")
+    rc, d = run_cli("gbops", "vit_base_patch16_224", "--classes", 100, "--convention", "official")
+    assert rc == 0
+    layers = {r["layer"]: r for r in d["layers"]}
+    q = layers["blocks.0.attn.qkv"]
+    assert (q["L"], q["O"], q["I"]) == (197, 2304, 768)
+    assert q["hot_bwd_gbops"] == pytest.approx(hot_official(197, 2304, 768))
+    assert round(d["total_gbops"]["fp_backward"], 2) == 34504.31
+    assert round(d["total_gbops"]["hot_backward"], 2) == 1604.72

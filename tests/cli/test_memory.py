@@ -1,0 +1,65 @@
+"""Saved-for-backward bytes: measured with hooks vs the analytic model derived here."""
+
+import math
+
+import torch
+import torch.nn as nn
+
+from hot.analysis.saved import OTHER, SavedTensorMeter
+
+TOKENS = 50  # tiny-vit on 28x28 with 4x4 patches: 49 patches + CLS
+
+
+def fp32_bytes(L, I):
+    return 4 * L * I  # the fp32 input x
+
+
+def hot_bytes(L, I, r=8):
+    return math.ceil(L / 16) * r * I + 4 * I  # int8 HLA coefficients + one fp32 scale per channel
+
+
+def test_memory_per_layer_matches_formula(run_cli, tmp_path):
+    b, dim = 4, 32
+    rc, d = run_cli("memory", "tiny-vit", "--batch", b, "--vit-dim", dim, "--vit-depth", 1,
+                    "--methods", "fp32,bf16,hot", "--device", "cpu", "--out", tmp_path)
+    assert rc == 0
+    assert (tmp_path / "memory.png").stat().st_size > 1000
+    m = d["methods"]
+    L = b * TOKENS
+    expect = {  # layer: (rows, input features)
+        "patch_embed": (b * 49, 16), "blocks.0.attn.qkv": (L, dim), "blocks.0.attn.proj": (L, dim),
+        "blocks.0.fc1": (L, dim), "blocks.0.fc2": (L, 2 * dim), "head": (b, dim)}
+    for name, (rows, i) in expect.items():
+        assert m["fp32"]["layers"][name]["measured"] == fp32_bytes(rows, i), name
+        assert m["hot"]["layers"][name]["measured"] == hot_bytes(rows, i), name
+        assert m["hot"]["layers"][name]["analytic"] == hot_bytes(rows, i), name
+    tot32 = sum(fp32_bytes(*v) for v in expect.values())
+    tothot = sum(hot_bytes(*v) for v in expect.values())
+    assert m["fp32"]["measured_saved_linear"] == tot32
+    assert m["hot"]["measured_saved_linear"] == tothot
+    # 4 bytes -> 1 byte and 16 rows -> 8: close to 8x, less for the scales and row padding.
+    assert 7.0 < tot32 / tothot < 8.0
+    assert m["bf16"]["measured_saved_linear"] < tot32
+    assert m["fp32"]["analytic"]["weights"] == 4 * d["params"]
+
+
+class _TwiceSaved(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return (y * y).sum() + (y[:, :4] * 2).sum()  # y saved by mul (twice); a view of y too
+
+
+def test_meter_counts_each_storage_once_and_skips_parameters():
+    m = _TwiceSaved()
+    x = torch.randn(5, 8)
+    with SavedTensorMeter(m) as meter:
+        loss = m(x)
+    # lin saves x (not requires_grad here, but F.linear saves it for g_W) and its Parameters
+    # (excluded); mul saves y twice (one storage). The slice's mul by a constant saves nothing.
+    assert meter.by_layer["lin"] == 5 * 8 * 4
+    assert meter.by_layer[OTHER] == 5 * 8 * 4
+    loss.backward()
