@@ -114,6 +114,7 @@ def test_why_unavailable_names_a_reason_when_absent(monkeypatch):
                             torch.ones(16, 1), torch.ones(16, 1))
 
 
+@pytest.mark.slow  # a cold nvcc build of csrc/ takes 2-4 minutes on 2 cores: CI runs it
 def test_module_imports_and_reports_its_build(built):
     info = built.info()
     assert info["archs"] == "sm90a"
@@ -124,6 +125,7 @@ def test_module_imports_and_reports_its_build(built):
     assert info["cutlass_version"].startswith("4.")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn", ["gemm_s8s8_sm90", "gemm_s8s8_sm80", "gemm_s4s4_sm80"])
 def test_gemms_reject_cpu_tensors_with_their_own_error(built, fn):
     dt = torch.uint8 if "s4" in fn else torch.int8
@@ -133,6 +135,7 @@ def test_gemms_reject_cpu_tensors_with_their_own_error(built, fn):
         getattr(built, fn)(a, b, torch.ones(16, 1), torch.ones(8, 1), "bfloat16", 0)
 
 
+@pytest.mark.slow
 def test_pack_rejects_cpu_tensors(built):
     with pytest.raises(RuntimeError, match="pack_int4: codes must be a CUDA tensor"):
         built.pack_int4(torch.zeros(4, 32, dtype=torch.int8), True)
