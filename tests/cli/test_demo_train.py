@@ -2,17 +2,18 @@ import pytest
 import torch
 
 TINY = ["--train-size", 256, "--test-size", 128, "--batch-size", 64]
+SMOKE = ["--train-size", 128, "--test-size", 64, "--batch-size", 64]
 
 
 def test_demo_smoke(run_cli, tmp_path):
-    rc, d = run_cli("demo", "--smoke", *TINY, "--dataset", "mnist-5k", "--device", "cpu",
+    rc, d = run_cli("demo", "--smoke", *SMOKE, "--dataset", "mnist-5k", "--device", "cpu",
                     "--out", tmp_path)
     assert rc == 0
     runs = {r["label"]: r for r in d["runs"]}
     assert set(runs) == {"fp32", "hot"}
     for r in runs.values():
         assert 0.0 <= r["test_acc"] <= 1.0
-        assert r["time_per_step_s"] > 0 and r["steps"] == 4
+        assert r["time_per_step_s"] > 0 and r["steps"] == 2
         assert all(torch.isfinite(torch.tensor(r["history"]["step_loss"])))
     # The same seed gives the same initial loss (same init, same first batch; forward is exact).
     assert runs["fp32"]["history"]["step_loss"][0] == pytest.approx(
@@ -55,6 +56,39 @@ def test_train_lora_puts_hot_on_frozen_base_layers_only(run_cli, tmp_path):
     assert 0.0 <= d["test_acc"] <= 1.0
 
 
+def tiny_bert_dir(tmp_path):
+    """A 1-layer random BERT with the bundled MiniLM tokenizer: the HF-directory path, fast."""
+    transformers = pytest.importorskip("transformers")
+    from hot.models.registry import minilm_dir
+
+    src = minilm_dir()
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=64)
+    d = tmp_path / "tiny-bert"
+    transformers.BertForSequenceClassification(cfg).save_pretrained(d)
+    transformers.AutoTokenizer.from_pretrained(str(src)).save_pretrained(d)
+    return d
+
+
+def test_train_hf_text_model_on_rotten_tomatoes(run_cli, tmp_path):
+    model_dir = tiny_bert_dir(tmp_path)
+    rc, d = run_cli("train", "--model", model_dir, "--dataset", "rotten-tomatoes",
+                    "--train-size", 32, "--test-size", 16, "--batch-size", 16, "--max-len", 16,
+                    "--method", "hot", "--device", "cpu", "--no-plot", "--out", tmp_path / "run")
+    assert rc == 0
+    assert d["steps"] == 2 and 0.0 <= d["test_acc"] <= 1.0
+    # query, key, value, attention output, intermediate, output, pooler, classifier
+    assert len(d["lqs"]) == 8
+
+
+def test_bundled_minilm_directory_is_found():
+    from hot.models.registry import minilm_dir
+
+    d = minilm_dir()
+    assert (d / "config.json").is_file() and (d / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
 def test_train_minilm_on_rotten_tomatoes_with_lora(run_cli, tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
