@@ -19,10 +19,18 @@ if [ -d csrc ] && [ -f hot/fast/_ext.py ]; then
   echo "ext build $(( $(date +%s) - t0 )) s"
 fi
 case " $what " in *" tests "*|*" all "*)
-  python3 -m pytest -q -m gpu -p no:cacheprovider tests/fast -rs -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error|FAIL|flips|path" | tail -40
+  # Each file in its own process: a crash in one (a segfault) must not hide the others.
+  for f in tests/fast/test_gpu_*.py tests/fast/test_csrc*.py; do
+    [ -f "$f" ] || continue
+    echo "== $f"
+    python3 -m pytest -q -m gpu -p no:cacheprovider "$f" -rs -s 2>&1 | tee -a "$OUT/gpu_tests.log" | grep -E "passed|failed|error|FAIL|flips|path|Fatal|Segmentation" | tail -12
+  done
 esac
 case " $what " in *" bench "*|*" all "*)
   python3 -m hot.bench.backward --json "$OUT/bench_backward.json" --md "$OUT/bench_backward.md" > "$OUT/bench_backward.log" 2>&1 || tail -30 "$OUT/bench_backward.log"
+esac
+case " $what " in *" sweep "*|*" all "*)
+  python3 benchmarks/sweep_gy_pass.py 2>&1 | tee "$OUT/sweep.log" | tail -5
 esac
 case " $what " in *" e2e "*|*" all "*)
   python3 -m hot.bench.e2e --json "$OUT/e2e.json" 2>&1 | tee "$OUT/e2e.log" | grep -v "^ " | tail -12

@@ -80,6 +80,7 @@ def triton_int8_gemm_nt(a, b, sa, sb, out_dtype, split_k: int | None = None):
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _ext():
     try:
         from . import _ext
@@ -91,17 +92,19 @@ def _ext():
 # Tensors our quantizers wrote with codes in [-7, 7] (bits <= 4), with their version counter at
 # that moment: only those go to the packed int4 GEMM, so no device sync is needed to check the
 # range, and an in-place change afterwards (version bump) drops the tag.
-_SMALL_CODES: "weakref.WeakKeyDictionary[torch.Tensor, int]" = weakref.WeakKeyDictionary()
+_SMALL_CODES: dict = {}  # id(tensor) -> (weakref to it, its _version when tagged)
 
 
 def tag_small_codes(q: torch.Tensor) -> torch.Tensor:
-    _SMALL_CODES[q] = q._version
+    # Keyed by id with a weakref (a WeakKeyDictionary would compare tensors with ==).
+    key = id(q)
+    _SMALL_CODES[key] = (weakref.ref(q, lambda _r, k=key: _SMALL_CODES.pop(k, None)), q._version)
     return q
 
 
 def _small(t: torch.Tensor) -> bool:
-    v = _SMALL_CODES.get(t)
-    return v is not None and v == t._version
+    e = _SMALL_CODES.get(id(t))
+    return e is not None and e[0]() is t and e[1] == t._version
 
 
 def _ext_ok(t: torch.Tensor, k_mult: int) -> bool:
@@ -136,16 +139,22 @@ def gemm_path(a, b) -> str:
     CUTLASS only where its one-pass int32 sum is exact (K <= max_k; longer K goes to the Triton
     kernel, whose int64 chunk sums keep the result identical to the reference).
     """
-    arch = arch_for(a.device)
-    e = _ext()
-    if e is None or not (_ext_ok(a, 16) and _ext_ok(b, 16)):
+    if not (_ext_ok(a, 16) and _ext_ok(b, 16)):
         return "triton_s8"
     k = a.shape[1]
-    if arch == "sm90" and e.why_unavailable("sm90", a.device) is None and k <= e.max_k("int8"):
-        return "cutlass_sm90_s8"
-    if arch == "sm80" and e.why_unavailable("sm80", a.device) is None:
-        if _small(a) and _small(b) and k <= e.max_k("int4"):
-            return "cutlass_sm80_s4"
-        if k <= e.max_k("int8"):
-            return "cutlass_sm80_s8"
+    s4, s8 = _ext_caps(a.device, arch_for(a.device))
+    if s4 and _small(a) and _small(b) and k <= s4:
+        return "cutlass_sm80_s4"
+    if s8 and k <= s8:
+        return "cutlass_sm90_s8" if arch_for(a.device) == "sm90" else "cutlass_sm80_s8"
     return "triton_s8"
+
+
+@functools.lru_cache(maxsize=None)
+def _ext_caps(device: torch.device, arch: str) -> tuple[int, int]:
+    """(max K of the int4 GEMM or 0, max K of the int8 GEMM or 0) usable on this device and arch;
+    cached, since asking the extension costs host time on every backward."""
+    e = _ext()
+    if e is None or e.why_unavailable(arch, device) is not None:
+        return 0, 0
+    return (e.max_k("int4") if arch == "sm80" else 0), e.max_k("int8")

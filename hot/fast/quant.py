@@ -9,6 +9,7 @@ bits = 0 and float64 inputs delegate to the reference (no integer kernel is invo
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional
 
 import torch
@@ -19,8 +20,9 @@ from ..common.ops import pad_to
 from ..common.walsh import hadamard16, hla_matrix
 from ..reference import ops as ref
 
-# Tile of one program. Multiples of 16 (whole Hadamard / Walsh blocks in both directions).
-BLOCK_R, BLOCK_C, NUM_WARPS = 64, 64, 4
+# Tile of one program: multiples of 16 (whole Hadamard / Walsh blocks in both directions).
+# HOT_FAST_QTILE="R,C,warps" overrides it (benchmarks/sweep_gy_pass.py sweeps it on a GPU).
+BLOCK_R, BLOCK_C, NUM_WARPS = (int(v) for v in os.environ.get("HOT_FAST_QTILE", "64,64,4").split(","))
 
 
 @functools.lru_cache(maxsize=None)

@@ -68,3 +68,11 @@ def test_ops_route_to_fast_backend():
     b = ops.hla_quantize(x, 8, "lowpass", 8, "row", False, 0, "reference")
     for u, v in zip(out, (*a, *b)):
         assert torch.equal(u, v)
+
+
+def test_small_code_tags_follow_identity_and_version():
+    a = gemm.tag_small_codes(torch.zeros(4, 32, dtype=torch.int8))
+    b = torch.zeros(4, 32, dtype=torch.int8)
+    assert gemm._small(a) and not gemm._small(b)
+    a.add_(100)  # an in-place change after tagging: the codes may no longer fit in 4 bits
+    assert not gemm._small(a)
