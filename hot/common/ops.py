@@ -52,11 +52,15 @@ def _q_dtype(bits: int, x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+def _hq_quantize(x, bits, scale_mode, stochastic, seed, backend):
+    return get_backend(backend).hq_quantize(x, bits, scale_mode, stochastic, seed)
+
+
 @torch.library.custom_op("hot::hq_quantize", mutates_args=())
 def hq_quantize(
     x: torch.Tensor, bits: int, scale_mode: str, stochastic: bool, seed: int, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return get_backend(backend).hq_quantize(x, bits, scale_mode, stochastic, seed)
+    return _hq_quantize(x, bits, scale_mode, stochastic, seed, backend)
 
 
 @hq_quantize.register_fake
@@ -78,6 +82,10 @@ def hla_quantize(
     seed: int,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _hla_quantize(x, rank, selection, bits, scale_mode, stochastic, seed, backend)
+
+
+def _hla_quantize(x, rank, selection, bits, scale_mode, stochastic, seed, backend):
     return get_backend(backend).hla_quantize(x, rank, selection, bits, scale_mode, stochastic, seed)
 
 
@@ -98,6 +106,10 @@ def int_gemm_nt(
     out_dtype: str,
     backend: str,
 ) -> torch.Tensor:
+    return _int_gemm_nt(a, b, sa, sb, out_dtype, backend)
+
+
+def _int_gemm_nt(a, b, sa, sb, out_dtype, backend):
     return get_backend(backend).int_gemm_nt(a, b, sa, sb, _DTYPES[out_dtype])
 
 
@@ -128,6 +140,12 @@ def gy_quantize(
     hla_seed: int,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _gy_quantize(x, hq_bits, hq_scale_mode, hq_stochastic, hq_seed, rank, selection,
+                        hla_bits, hla_scale_mode, hla_stochastic, hla_seed, backend)
+
+
+def _gy_quantize(x, hq_bits, hq_scale_mode, hq_stochastic, hq_seed, rank, selection, hla_bits,
+                 hla_scale_mode, hla_stochastic, hla_seed, backend):
     b = get_backend(backend)
     fused = getattr(b, "gy_quantize", None)
     if fused is not None:
@@ -147,3 +165,38 @@ def _(x, hq_bits, hq_scale_mode, hq_stochastic, hq_seed, rank, selection, hla_bi
     q2 = x.new_empty((c, pad_to(r) // BLOCK * rank), dtype=_q_dtype(hla_bits, x))
     s2 = x.new_empty((c if hla_scale_mode == "row" else 1, 1), dtype=torch.float32)
     return q1, s1, q2, s2
+
+
+class _Direct:
+    """The same operations without the torch.library dispatcher, which costs 20-40 us a call.
+
+    HOT layers run outside torch.compile tracing (their state changes every call), so eager code
+    gains nothing from the dispatcher; under tracing these still route through torch.ops.hot.
+    """
+
+    @staticmethod
+    def hq_quantize(*args):
+        if torch.compiler.is_compiling():
+            return hq_quantize(*args)
+        return _hq_quantize(*args)
+
+    @staticmethod
+    def hla_quantize(*args):
+        if torch.compiler.is_compiling():
+            return hla_quantize(*args)
+        return _hla_quantize(*args)
+
+    @staticmethod
+    def int_gemm_nt(*args):
+        if torch.compiler.is_compiling():
+            return int_gemm_nt(*args)
+        return _int_gemm_nt(*args)
+
+    @staticmethod
+    def gy_quantize(*args):
+        if torch.compiler.is_compiling():
+            return gy_quantize(*args)
+        return _gy_quantize(*args)
+
+
+direct = _Direct()

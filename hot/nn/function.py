@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..common import ops
+from ..common.ops import direct as op
 from ..common.ops import dtype_name
 from .state import LayerPlan, begin_backward
 
@@ -39,7 +40,7 @@ def abc_save(plan: LayerPlan, x2d: torch.Tensor):
     if plan.exact:
         return (x2d,)
     h = plan.config.hla
-    q, s = ops.hla_quantize(
+    q, s = op.hla_quantize(
         _seq_pad(x2d, plan.seq), h.rank, h.selection, h.bits or 0,
         "row" if h.scale == "channel" else "tensor", h.rounding == "stochastic",
         plan.seed_x, plan.backend,
@@ -59,7 +60,7 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx
             and (plan.seq <= 0 or plan.seq % 16 == 0)):
         # Both paths quantize the same g_y: one fused pass (ops.gy_quantize is by definition the
         # pair of hq_quantize and hla_quantize below, with the same arguments).
-        fused = ops.gy_quantize(
+        fused = op.gy_quantize(
             gy2d, bp.gx_bits, bp.gy_scale_mode, hq.gy_rounding == "stochastic", bp.seed_gy,
             h.rank, h.selection, h.bits, "row" if h.scale == "channel" else "tensor",
             h.rounding == "stochastic", bp.seed_hla, plan.backend)
@@ -70,12 +71,12 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx
             if fused is not None:
                 qg, sg = fused[0], fused[1]
             else:
-                qg, sg = ops.hq_quantize(gy2d, bp.gx_bits, bp.gy_scale_mode,
+                qg, sg = op.hq_quantize(gy2d, bp.gx_bits, bp.gy_scale_mode,
                                          hq.gy_rounding == "stochastic", bp.seed_gy, plan.backend)
-            qw, sw = ops.hq_quantize(w2d.t(), bp.gx_bits,
+            qw, sw = op.hq_quantize(w2d.t(), bp.gx_bits,
                                      "row" if hq.w_scale == "channel" else "tensor",
                                      hq.w_rounding == "stochastic", bp.seed_w, plan.backend)
-            gx = ops.int_gemm_nt(qg, qw, sg, sw, dtype_name(x_dtype), plan.backend)
+            gx = op.int_gemm_nt(qg, qw, sg, sw, dtype_name(x_dtype), plan.backend)
     if need_gw:
         if bp.exact:
             (x2d,) = saved
@@ -85,11 +86,11 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx
             if fused is not None:
                 qg, sg = fused[2], fused[3]
             else:
-                qg, sg = ops.hla_quantize(
+                qg, sg = op.hla_quantize(
                     _seq_pad(gy2d, plan.seq), h.rank, h.selection, h.bits or 0,
                     "row" if h.scale == "channel" else "tensor", h.rounding == "stochastic",
                     bp.seed_hla, plan.backend)
-            gw = ops.int_gemm_nt(qg, qx, sg, sx, dtype_name(w_dtype), plan.backend)
+            gw = op.int_gemm_nt(qg, qx, sg, sx, dtype_name(w_dtype), plan.backend)
     assert gw is None or gw.shape[0] == o
     return gx, gw
 
