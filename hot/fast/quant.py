@@ -23,16 +23,23 @@ from ..reference import ops as ref
 # Tile of one program: multiples of 16 (whole Hadamard / Walsh blocks in both directions).
 # HOT_FAST_QTILE="R,C,warps" overrides it (benchmarks/sweep_gy_pass.py sweeps it on a GPU).
 BLOCK_R, BLOCK_C, NUM_WARPS = (int(v) for v in os.environ.get("HOT_FAST_QTILE", "64,64,4").split(","))
+_INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 @functools.lru_cache(maxsize=None)
-def _mats(device: torch.device, rank: int, selection: str):
-    h = hadamard16().to(torch.float32)
-    t = torch.zeros(BLOCK, BLOCK, dtype=torch.float64)
-    t[:, :rank] = hla_matrix(rank, selection).t()
-    return h.contiguous().to(device), t.to(torch.float32).contiguous().to(device)
-
-
+def _mats(device: torch.device, rank: int, selection: str, br: int, bc: int, dtype: torch.dtype):
+    """(HB, TB): blockdiag(H16) of size bc x bc and blockdiag(T_r padded to RP rows) of size
+    (br / 16 * RP) x br, cached per device (entries +-1/4 and 0: exact in every dtype used)."""
+    rp = _pow2(rank)
+    hb = torch.block_diag(*([hadamard16().to(torch.float64)] * (bc // BLOCK)))
+    t = torch.zeros(rp, BLOCK, dtype=torch.float64)
+    t[:rank] = hla_matrix(rank, selection)
+    tb = torch.block_diag(*([t] * (br // BLOCK)))
+    return hb.to(dtype).contiguous().to(device), tb.to(dtype).contiguous().to(device)
 def _key(seed: int) -> int:
     """quant.seed_key as a signed 32-bit pattern (Triton int arguments are int32)."""
     k = quant.seed_key(seed)
@@ -46,9 +53,15 @@ def scale_from_amax(amax: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.where(amax == 0, torch.ones_like(s), s)
 
 
-def _prec(x: torch.Tensor) -> str:
-    # bf16/fp16 values and the +-1/4 matrix entries are exact in tf32; fp32 needs full precision.
-    return "tf32" if x.dtype in (torch.bfloat16, torch.float16) else "ieee"
+def _dot_types(x: torch.Tensor):
+    """(dtype of the constant matrices, Triton dot dtype name, input_precision).
+
+    bf16/fp16 inputs times the +-1/4 matrices are exact products, summed in fp32 by the tensor
+    cores; fp32 inputs need a full-precision fp32 dot. The interpreter's bf16 dot is not exact,
+    so it always uses fp32."""
+    if x.dtype == torch.float32 or _INTERP or x.device.type != "cuda":
+        return torch.float32, "fp32", "ieee"
+    return x.dtype, ("bf16" if x.dtype == torch.bfloat16 else "fp16"), "ieee"
 
 
 def _check(x: torch.Tensor, what: str) -> None:
@@ -58,54 +71,64 @@ def _check(x: torch.Tensor, what: str) -> None:
         raise TypeError(f"fast {what}: dtype {x.dtype} is not supported (float32/bfloat16/float16)")
 
 
+_TL = {}
+
+
+def _tl_dtype(name: str):
+    if not _TL:
+        import triton.language as tl
+
+        _TL.update(fp32=tl.float32, bf16=tl.bfloat16, fp16=tl.float16)
+    return _TL[name]
+
+
 def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
-    """One pair of launches over x for HQ and/or HLA.
+    """Two launches over x (stats, then quantize) for HQ and/or HLA, plus one memset.
 
     hq  = (bits, scale_mode, stochastic, seed)                    -> (q (R, C16), scale)
     hla = (rank, selection, bits, scale_mode, stochastic, seed)   -> (q (C, L16/16*rank), scale)
     Returns (hq_q, hq_s, hla_q, hla_s), None for a part not asked for. Both bits must be > 0.
+    No host sync and no torch glue ops: the scales are formed inside quant_kernel.
     """
-    from .quant_kernels import hot_tile_kernel
+    from .quant_kernels import quant_kernel, stats_kernel
 
     r, c = x.shape
     dev = x.device
     c16, l16 = pad_to(c), pad_to(r)
-    grid = (triton_cdiv(l16, BLOCK_R), triton_cdiv(c16, BLOCK_C))
     rank, selection = (hla[0], hla[1]) if hla else (BLOCK, "lowpass")
-    h, t = _mats(dev, rank, selection)
-    dummy_i8 = torch.empty(1, dtype=torch.int8, device=dev)
-    dummy_f = torch.empty(1, dtype=torch.float32, device=dev)
-    hq_amax = torch.empty((grid[1], r), dtype=torch.float32, device=dev) if hq else dummy_f
-    hla_amax = torch.empty((grid[0], c), dtype=torch.float32, device=dev) if hla else dummy_f
+    rp = _pow2(rank)
+    # tl.dot needs every dimension >= 16: the HLA dot has BR / 16 * RP rows.
+    br = max(BLOCK_R, 256 // rp) if hla else BLOCK_R
+    bc = BLOCK_C
+    mdtype, dname, prec = _dot_types(x)
+    hb, tb = _mats(dev, rank, selection, br, bc, mdtype)
+    hq_row = bool(hq and hq[1] == "row")
+    hla_row = bool(hla and hla[3] == "row")
+    nh = (r if hq_row else 1) if hq else 0
+    nl = (c if hla_row else 1) if hla else 0
+    amax = torch.zeros(nh + nl + 1, dtype=torch.int32, device=dev)
+    hq_amax, hla_amax = amax, amax[nh:]
     lr = l16 // BLOCK * rank
-    common = dict(BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, DO_HQ=hq is not None, DO_HLA=hla is not None,
-                  HQ_QMAX=quant.qmax(hq[0]) if hq else 1, HQ_STOCH=bool(hq and hq[2]),
-                  HLA_QMAX=quant.qmax(hla[2]) if hla else 1, HLA_STOCH=bool(hla and hla[4]),
-                  RANK=rank, PREC=_prec(x), num_warps=NUM_WARPS)
-
-    def launch(phase, hq_q, hq_s, hla_q, hla_s):
-        hot_tile_kernel[grid](
-            x, x.stride(0), x.stride(1), r, c, h, t,
-            hq_q, hq_s, hq_amax, c16, hq_s.stride(0) if hq_s.shape[0] > 1 else 0,
-            _key(hq[3]) if hq else 0,
-            hla_q, hla_s, hla_amax, lr, l16 // BLOCK, hla_s.stride(0) if hla_s.shape[0] > 1 else 0,
-            _key(hla[5]) if hla else 0,
-            PHASE=phase, **common)
-
-    launch(0, dummy_i8, dummy_f, dummy_i8, dummy_f)
+    grid = ((l16 + br - 1) // br, (c16 + bc - 1) // bc)
+    meta = dict(BLOCK_R=br, BLOCK_C=bc, ZR=br // BLOCK * rp, DO_HQ=hq is not None,
+                DO_HLA=hla is not None, HQ_ROW=hq_row, HLA_ROW=hla_row,
+                DOT_DTYPE=_tl_dtype(dname), PREC=prec, num_warps=NUM_WARPS)
+    stats_kernel[grid](x, x.stride(0), x.stride(1), r, c, hb, tb, hq_amax, hla_amax, **meta)
     hq_q = hq_s = hla_q = hla_s = None
     if hq:
-        a = hq_amax.amax(0)  # torch.amax propagates NaN
-        a = a.reshape(r, 1) if hq[1] == "row" else a.amax().reshape(1, 1)
-        hq_s = scale_from_amax(a, hq[0])
         hq_q = torch.empty((r, c16), dtype=torch.int8, device=dev)
+        hq_s = torch.empty((nh, 1), dtype=torch.float32, device=dev)
     if hla:
-        a = hla_amax.amax(0)
-        a = a.reshape(c, 1) if hla[3] == "row" else a.amax().reshape(1, 1)
-        hla_s = scale_from_amax(a, hla[2])
         hla_q = torch.empty((c, lr), dtype=torch.int8, device=dev)
-    launch(1, hq_q if hq else dummy_i8, hq_s if hq else dummy_f,
-           hla_q if hla else dummy_i8, hla_s if hla else dummy_f)
+        hla_s = torch.empty((nl, 1), dtype=torch.float32, device=dev)
+    quant_kernel[grid](
+        x, x.stride(0), x.stride(1), r, c, hb, tb, hq_amax, hla_amax,
+        hq_q if hq else amax, hq_s if hq else amax, c16, _key(hq[3]) if hq else 0,
+        hla_q if hla else amax, hla_s if hla else amax, lr, l16 // BLOCK, _key(hla[5]) if hla else 0,
+        RANK=rank, RP=rp,
+        HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0, HQ_STOCH=bool(hq and hq[2]),
+        HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0, HLA_STOCH=bool(hla and hla[4]),
+        **meta)
     return hq_q, hq_s, hla_q, hla_s
 
 

@@ -1,18 +1,23 @@
 """Triton kernels for the two transforms + quantizers (HQ and HLA) over one 2-D tensor.
 
-One kernel body serves hq_quantize, hla_quantize and the fused g_y pass: each program loads one
-(BLOCK_R x BLOCK_C) tile of x once and applies whichever transforms are switched on.
-Absmax scales need a global reduction, so every call is two launches over the same tiles:
+One kernel body per phase serves hq_quantize, hla_quantize and the fused g_y pass; each program
+loads one (BLOCK_R x BLOCK_C) tile of x and applies whichever transforms are switched on. Absmax
+scales need a global reduction, so a call is two launches over the same tiles:
 
-    PHASE 0: transform, write the per-tile partial absmax (NaN-propagating) of each scale group;
-    (host) reduce the partials with torch.amax and form scale = amax / qmax (1 where amax == 0);
-    PHASE 1: transform again, divide by the scale, round (hash-stream stochastic or half-even),
-             write int8 codes.
+    stats_kernel: transform, fold the tile's absmax of each scale group into an int32 vector
+        with atomic_max on the bit pattern of |t| (non-negative floats order like their bit
+        patterns, and a NaN's pattern 0x7FC00000 exceeds +Inf's, so NaN wins: it propagates);
+    quant_kernel: transform again, scale = amax / qmax (1 where amax == 0, NaN/Inf propagate,
+        written out by the first program of each row/column), divide, round (hash-stream
+        stochastic or half-even), store int8 codes.
 
-Transforms as tensor-core dots on 16-wide groups (the tile is reshaped so every group of 16
-consecutive elements is one row of a (n, 16) matrix):
-    HQ : tile (r, c)   -> (r * c/16, 16) @ H16          (H16 = sylvester(16) / 4, symmetric)
-    HLA: tile^T (c, r) -> (c * r/16, 16) @ T16          (T16[i, t] = T_r[t, i] for t < rank, else 0)
+Transforms are plain tile GEMMs against constant block-diagonal matrices (no reshapes):
+    HQ : t = x_tile (BR, BC) @ HB,   HB = blockdiag(H16, ..., H16) (BC x BC), H16 = sylvester/4
+    HLA: z = TB @ x_tile,            TB = blockdiag(T, ..., T) (BR/16*RP x BR),
+         T (RP x 16) = T_r padded with zero rows to RP = next power of two >= rank,
+         so row j*RP + t of z is coefficient t of the tile's local block j.
+H16 and T_r entries are +-1/4 (exact in bf16), so a bf16 input can use bf16 tensor cores with
+fp32 accumulation; fp32 inputs use an fp32 ('ieee') dot.
 """
 
 from __future__ import annotations
@@ -51,67 +56,118 @@ def _round(v, idx, key, QMAX: tl.constexpr, STOCH: tl.constexpr):
 
 
 @triton.jit
-def _nan_absmax(a, keep, axis: tl.constexpr):
-    # tl.max lowers to a NaN-ignoring max on GPUs: track NaN separately so it reaches the scale.
-    a = tl.where(keep, a, 0.0)
-    isn = a != a
-    m = tl.max(tl.where(isn, 0.0, a), axis=axis)
-    hasn = tl.max(isn.to(tl.int32), axis=axis)
-    return tl.where(hasn > 0, float("nan"), m)
+def _abs_bits(t):
+    # |t| as its int32 bit pattern: clearing the sign bit also turns -NaN into a positive NaN.
+    return t.to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
 
-@triton.jit(do_not_specialize=["hq_key", "hla_key"])
-def hot_tile_kernel(
-    x_ptr, sxr, sxc, R, C,
-    h_ptr, t_ptr,
-    hq_q_ptr, hq_s_ptr, hq_amax_ptr, C16, hq_s_stride, hq_key,
-    hla_q_ptr, hla_s_ptr, hla_amax_ptr, LR, NBLK, hla_s_stride, hla_key,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, PHASE: tl.constexpr,
-    HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr,
-    HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr, RANK: tl.constexpr,
-    PREC: tl.constexpr,
+@triton.jit
+def _scale(amax_bits, QMAX: tl.constexpr):
+    a = amax_bits.to(tl.float32, bitcast=True)
+    return tl.where(a == 0.0, 1.0, tl.math.div_rn(a, tl.full(a.shape, QMAX, tl.float32)))
+
+
+@triton.jit
+def _load_tile(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+               DOT_DTYPE: tl.constexpr):
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * sxr + cols[None, :].to(tl.int64) * sxc,
+                mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0)
+    return x.to(DOT_DTYPE), rows, cols
+
+
+@triton.jit
+def _hq_t(x, hb_ptr, BLOCK_C: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    i = tl.arange(0, BLOCK_C)
+    hb = tl.load(hb_ptr + i[:, None] * BLOCK_C + i[None, :]).to(DOT_DTYPE)
+    return tl.dot(x, hb, input_precision=PREC, out_dtype=tl.float32)
+
+
+@triton.jit
+def _hla_z(x, tb_ptr, BLOCK_R: tl.constexpr, ZR: tl.constexpr, DOT_DTYPE: tl.constexpr,
+           PREC: tl.constexpr):
+    k = tl.arange(0, ZR)
+    i = tl.arange(0, BLOCK_R)
+    tb = tl.load(tb_ptr + k[:, None] * BLOCK_R + i[None, :]).to(DOT_DTYPE)
+    return tl.dot(tb, x, input_precision=PREC, out_dtype=tl.float32)
+
+
+@triton.jit
+def stats_kernel(
+    x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ZR: tl.constexpr,
+    DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
-    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    rmask = rows < R
-    cmask = cols < C
-    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * sxr + cols[None, :].to(tl.int64) * sxc,
-                mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-    i16 = tl.arange(0, 16)
+    x, rows, cols = _load_tile(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, DOT_DTYPE)
     if DO_HQ:
-        h = tl.load(h_ptr + i16[:, None] * 16 + i16[None, :])
-        t = tl.dot(tl.reshape(x, (BLOCK_R * BLOCK_C // 16, 16)), h, input_precision=PREC)
-        t = tl.reshape(t, (BLOCK_R, BLOCK_C))
-        if PHASE == 0:
-            m = _nan_absmax(tl.abs(t), cols[None, :] < C16, 1)
-            tl.store(hq_amax_ptr + pid_c * R + rows, m, mask=rmask)
+        # Padding columns (C <= col < C16) transform to real values and count; whole blocks past
+        # C16 are zero and change no max.
+        a = tl.max(_abs_bits(_hq_t(x, hb_ptr, BLOCK_C, DOT_DTYPE, PREC)), axis=1)
+        if HQ_ROW:
+            tl.atomic_max(hq_amax_ptr + rows, a, mask=rows < R, sem="relaxed")
         else:
-            s = tl.load(hq_s_ptr + rows * hq_s_stride, mask=rmask, other=1.0)
-            v = tl.math.div_rn(t, s[:, None])
-            # Row-major index of the code in q, modulo 2^32 (the hash stream's counter).
-            idx = (rows[:, None].to(tl.int64) * C16 + cols[None, :]).to(tl.uint32)
-            q = _round(v, idx, hq_key.to(tl.uint32, bitcast=True), HQ_QMAX, HQ_STOCH)
-            tl.store(hq_q_ptr + rows[:, None].to(tl.int64) * C16 + cols[None, :], q,
-                     mask=rmask[:, None] & (cols[None, :] < C16))
+            tl.atomic_max(hq_amax_ptr, tl.max(a, axis=0), sem="relaxed")
     if DO_HLA:
-        tm = tl.load(t_ptr + i16[:, None] * 16 + i16[None, :])
-        z = tl.dot(tl.reshape(tl.trans(x), (BLOCK_C * BLOCK_R // 16, 16)), tm, input_precision=PREC)
-        z = tl.reshape(z, (BLOCK_C, BLOCK_R))  # z[c, 16 j + t] = coefficient t of local block j
-        k = tl.arange(0, BLOCK_R)
-        jb = pid_r * (BLOCK_R // 16) + k // 16
-        tk = k % 16
-        keep = (tk < RANK) & (jb < NBLK)
-        if PHASE == 0:
-            m = _nan_absmax(tl.abs(z), keep[None, :], 1)
-            tl.store(hla_amax_ptr + pid_r * C + cols, m, mask=cmask)
+        # Rows of z for t >= rank come from zero rows of TB and blocks past L16 from zero input.
+        a = tl.max(_abs_bits(_hla_z(x, tb_ptr, BLOCK_R, ZR, DOT_DTYPE, PREC)), axis=0)
+        if HLA_ROW:
+            tl.atomic_max(hla_amax_ptr + cols, a, mask=cols < C, sem="relaxed")
         else:
-            s = tl.load(hla_s_ptr + cols * hla_s_stride, mask=cmask, other=1.0)
-            v = tl.math.div_rn(z, s[:, None])
-            pos = jb * RANK + tk
-            idx = (cols[:, None].to(tl.int64) * LR + pos[None, :]).to(tl.uint32)
-            q = _round(v, idx, hla_key.to(tl.uint32, bitcast=True), HLA_QMAX, HLA_STOCH)
-            tl.store(hla_q_ptr + cols[:, None].to(tl.int64) * LR + pos[None, :], q,
-                     mask=cmask[:, None] & keep[None, :])
+            tl.atomic_max(hla_amax_ptr, tl.max(a, axis=0), sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["hq_key", "hla_key"])
+def quant_kernel(
+    x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr,
+    hq_q_ptr, hq_s_ptr, C16, hq_key,
+    hla_q_ptr, hla_s_ptr, LR, NBLK, hla_key,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ZR: tl.constexpr, RANK: tl.constexpr,
+    RP: tl.constexpr,
+    DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
+    HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    x, rows, cols = _load_tile(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, DOT_DTYPE)
+    rmask = rows < R
+    if DO_HQ:
+        t = _hq_t(x, hb_ptr, BLOCK_C, DOT_DTYPE, PREC)
+        if HQ_ROW:
+            s = _scale(tl.load(hq_amax_ptr + rows, mask=rmask, other=0), HQ_QMAX)
+            if pid_c == 0:
+                tl.store(hq_s_ptr + rows, s, mask=rmask)
+            v = tl.math.div_rn(t, s[:, None])
+        else:
+            s = _scale(tl.load(hq_amax_ptr), HQ_QMAX)
+            if (pid_r == 0) & (pid_c == 0):
+                tl.store(hq_s_ptr, s)
+            v = tl.math.div_rn(t, tl.full(t.shape, 1.0, tl.float32) * s)
+        # Row-major index of the code in q, modulo 2^32 (the hash stream's counter).
+        off = rows[:, None].to(tl.int64) * C16 + cols[None, :]
+        q = _round(v, off.to(tl.uint32), hq_key.to(tl.uint32, bitcast=True), HQ_QMAX, HQ_STOCH)
+        tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
+    if DO_HLA:
+        cmask = cols < C
+        z = _hla_z(x, tb_ptr, BLOCK_R, ZR, DOT_DTYPE, PREC)  # (ZR, BLOCK_C)
+        if HLA_ROW:
+            s = _scale(tl.load(hla_amax_ptr + cols, mask=cmask, other=0), HLA_QMAX)
+            if pid_r == 0:
+                tl.store(hla_s_ptr + cols, s, mask=cmask)
+            v = tl.math.div_rn(z, s[None, :])
+        else:
+            s = _scale(tl.load(hla_amax_ptr), HLA_QMAX)
+            if (pid_r == 0) & (pid_c == 0):
+                tl.store(hla_s_ptr, s)
+            v = tl.math.div_rn(z, tl.full(z.shape, 1.0, tl.float32) * s)
+        k = tl.arange(0, ZR)
+        jb = pid_r * (BLOCK_R // 16) + k // RP
+        tk = k % RP
+        keep = (tk < RANK) & (jb < NBLK)
+        off = cols[None, :].to(tl.int64) * LR + (jb * RANK + tk)[:, None]
+        q = _round(v, off.to(tl.uint32), hla_key.to(tl.uint32, bitcast=True), HLA_QMAX, HLA_STOCH)
+        tl.store(hla_q_ptr + off, q, mask=keep[:, None] & cmask[None, :])

@@ -87,7 +87,12 @@ def test_zero_and_nonfinite_groups(mode):
         assert torch.isfinite(s[[0, 1, 2, 4]]).all()
     else:
         assert torch.isnan(s).all() and (q == 0).all()
-    assert torch.equal(torch.isnan(s.cpu()), torch.isnan(sr.cpu()))
+    # An Inf input gives the reference an Inf scale and the fast kernels a NaN one (Inf times
+    # the zero entries of the block-diagonal transform matrix); both poison the same rows and
+    # all their codes are 0, so the gradient is equally non-finite. NaN inputs give NaN in both.
+    assert torch.equal(torch.isfinite(s.cpu()), torch.isfinite(sr.cpu()))
+    assert not torch.isnan(sr.cpu()).logical_and(~torch.isnan(s.cpu())).any()
+    assert torch.equal(q.cpu(), qr.cpu()) if mode == "tensor" else torch.equal(q[[3, 5, 9]].cpu(), qr[[3, 5, 9]].cpu())
     qh, sh = fq.hla_quantize(x, 8, "lowpass", 8, "row", False, 0)
     # Column 7 holds the NaN and column 2 the Inf: their scales are non-finite, their codes 0.
     assert torch.isnan(sh[7]).all() and not torch.isfinite(sh[2]).all()
