@@ -15,7 +15,9 @@ Analytic model (bytes), for a model trained with AdamW and fp32 master weights:
     A frozen weight (LoRA base layer) saves no ABC copy under HOT (no g_W) and no x under FP.
 
 Activations of other operations (norms, GELU, attention, residual adds) are not modelled;
-the measured column includes them as '<other>'. The official calculator's errors are avoided:
+the measured column includes them as '<other>'. Where a layer's input is a view of a larger
+tensor (timm's head reads x[:, 0] of all tokens), autograd keeps the whole storage alive and the
+measurement shows it; the model counts only the view (HOT's ABC copy does not keep it). The official calculator's errors are avoided:
 qkv parameters are counted once, and saved *inputs* at their stored width are counted, not
 layer outputs at 4 bits.
 """
@@ -37,8 +39,11 @@ def analytic_layer_bytes(s: LayerShape, method: str, rank: int = 8, hla_bits=8,
     w_grad = s.trainable
     if method == "fp32":
         return 4 * s.L * s.I if w_grad else 0
+    # autograd's convolution saves its (cast) weight even when the input needs no gradient;
+    # linear saves it only for g_x.
+    keeps_w = input_needs_grad or s.kind == "conv"
     if method == "bf16":
-        return (2 * s.L * s.I if w_grad else 0) + (2 * s.O * s.I if input_needs_grad else 0)
+        return (2 * s.L * s.I if w_grad else 0) + (2 * s.O * s.I if keeps_w else 0)
     if method in ("hot", "hot-bf16"):
         per = 1 if hla_bits else 4
         abc = per * math.ceil(s.L / 16) * rank * s.I + 4 * s.I if w_grad else 0
