@@ -7,12 +7,17 @@ Analytic model (bytes), for a model trained with AdamW and fp32 master weights:
     optimizer  = 8 P_t         (AdamW: exp_avg and exp_avg_sq in fp32)
     activations saved by each Linear/Conv2d GEMM of shape (L, O, I) (see hot.analysis.shapes),
     only where its weight or its input needs a gradient:
-      fp32      4 L I                        (the input x)
-      bf16      2 L I + 2 O I                (bf16 copies of x and of W)
+      fp32      4 X                          (the input x; X = its element count, L I for a Linear,
+                                              B C H W for a Conv2d)
+      bf16      2 X + 2 O I                  (bf16 copies of x and of W)
       hot       b ceil(L/16) r I + 4 I       (ABC: the HLA-projected input at b bytes per value,
-                                              b = 1 for 8/4-bit codes, 4 unquantized, + fp32 scales)
+                                              b = 1 for 8/4-bit codes, 4 unquantized, + fp32 scales;
+                                              for a Conv2d the rows are im2col patches, I = C kh kw,
+                                              so a 3x3 stride-1 conv keeps 9/8 of fp32's bytes at r=8)
       hot-bf16  hot + 2 O I                  (the bf16 copy of W kept for the g_x path)
     A frozen weight (LoRA base layer) saves no ABC copy under HOT (no g_W) and no x under FP.
+    An input that two layers read (a ResNet block's conv1 and its downsample) is one storage:
+    measured once, but modelled once per layer.
 
 Activations of other operations (norms, GELU, attention, residual adds) are not modelled;
 the measured column includes them as '<other>'. Where a layer's input is a view of a larger
@@ -38,12 +43,12 @@ def analytic_layer_bytes(s: LayerShape, method: str, rank: int = 8, hla_bits=8,
         method = "fp32" if method == "hot" else "bf16"  # HOT leaves grouped convs standard
     w_grad = s.trainable
     if method == "fp32":
-        return 4 * s.L * s.I if w_grad else 0
+        return 4 * s.x_numel if w_grad else 0
     # autograd's convolution saves its (cast) weight even when the input needs no gradient;
     # linear saves it only for g_x.
     keeps_w = input_needs_grad or s.kind == "conv"
     if method == "bf16":
-        return (2 * s.L * s.I if w_grad else 0) + (2 * s.O * s.I if keeps_w else 0)
+        return (2 * s.x_numel if w_grad else 0) + (2 * s.O * s.I if keeps_w else 0)
     if method in ("hot", "hot-bf16"):
         per = 1 if hla_bits else 4
         abc = per * math.ceil(s.L / 16) * rank * s.I + 4 * s.I if w_grad else 0

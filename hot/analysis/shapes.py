@@ -24,6 +24,11 @@ class LayerShape:
     trainable: bool = True  # weight.requires_grad
     params: int = 0
     input_requires_grad: bool = True
+    x_numel: int = 0  # elements of the layer's input (for a conv: C*H*W*batch, not L*I)
+
+    def __post_init__(self):
+        if not self.x_numel:
+            self.x_numel = self.L * self.I
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,11 +51,11 @@ def layer_shapes(model: nn.Module, run) -> list[LayerShape]:
                 L = y.shape[0] * y.shape[2] * y.shape[3]
                 out.append(LayerShape(name, "conv", L, mod.out_channels,
                                       mod.in_channels // mod.groups * kk, mod.groups, trainable,
-                                      n_par, x.requires_grad))
+                                      n_par, x.requires_grad, x.numel()))
             else:
                 L = x.numel() // x.shape[-1]
                 out.append(LayerShape(name, "linear", L, mod.out_features, mod.in_features,
-                                      1, trainable, n_par, x.requires_grad))
+                                      1, trainable, n_par, x.requires_grad, x.numel()))
         return hook
 
     for name, mod in model.named_modules():

@@ -63,3 +63,20 @@ def test_meter_counts_each_storage_once_and_skips_parameters():
     assert meter.by_layer["lin"] == 5 * 8 * 4
     assert meter.by_layer[OTHER] == 5 * 8 * 4
     loss.backward()
+
+
+def test_conv_abc_keeps_im2col_rows_so_3x3_saves_more_than_fp32():
+    import hot
+
+    b, c, h = 2, 4, 8  # 3x3, stride 1, padding 1: L = b*h*h output rows, I = 9c
+    conv = nn.Sequential(nn.Conv2d(c, 8, 3, padding=1))
+    x = torch.randn(b, c, h, h, requires_grad=True)
+    with SavedTensorMeter(conv) as m32:
+        conv(x).sum()
+    hot.convert(conv, hot.HOTConfig())
+    with SavedTensorMeter(conv) as mh:
+        conv(x).sum()
+    L, i = b * h * h, 9 * c
+    assert m32.by_layer["0"] == 4 * b * c * h * h  # fp32 keeps x itself
+    assert mh.by_layer["0"] == math.ceil(L / 16) * 8 * i + 4 * i  # int8 HLA rows of the patches
+    assert mh.by_layer["0"] > m32.by_layer["0"]  # 9/8 of fp32 plus the scales
