@@ -3,7 +3,12 @@ forward, cross-entropy, backward, fused AdamW): HOT (fast backend) against plain
 each with and without torch.compile. Median step time over timed steps after warm-up (CUDA
 events) and peak allocated memory.
 
-    python -m hot.bench.e2e [--modes bf16,bf16_compile,hot,hot_compile] [--json out.json]
+    python -m hot.bench.e2e [--modes bf16,bf16_compile,hot,hot_compile,hot_ref,hot_exact] [--json out.json]
+
+hot_ref runs HOT on the reference backend inside quant.hash_rng() (the fast kernels' random
+stream, so it is the same computation up to rare flipped codes); hot_exact runs the HOT layers
+with HOTConfig.exact() (exact gradients through the same wrappers). Every mode records the loss of
+every step (the same 2 alternating fixed batches), to tell HOT's noise from a fast-path bug.
 """
 
 from __future__ import annotations
@@ -18,21 +23,26 @@ import torch
 import torch.nn.functional as F
 
 
-def _model(hot_on: bool):
+def _model(mode: str):
     import timm
 
     torch.manual_seed(0)
     m = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=1000).cuda()
-    if hot_on:
+    if mode.startswith("hot"):
         import hot
 
-        hot.convert(m, hot.HOTConfig(seed=0), backend="fast")
+        cfg = hot.HOTConfig.exact() if mode.startswith("hot_exact") else hot.HOTConfig(seed=0)
+        hot.convert(m, cfg, backend="reference" if mode.startswith("hot_ref") else "fast")
     return m
 
 
 def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10) -> dict:
+    import contextlib
+
+    from hot.common import quant
+
     hot_on = mode.startswith("hot")
-    m = _model(hot_on)
+    m = _model(mode)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
     fwd = torch.compile(m) if mode.endswith("compile") else m
     xs = [torch.randn(batch, 3, 224, 224, device="cuda") for _ in range(2)]
@@ -41,14 +51,17 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10) -> 
     def step(i):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = F.cross_entropy(fwd(xs[i % 2]), ys[i % 2])
-        loss.backward()
+        with quant.hash_rng() if mode.startswith("hot_ref") else contextlib.nullcontext():
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
 
+    losses = []
     t0 = time.time()
     for i in range(warmup):
         loss = step(i)
+        losses.append(float(loss))
     torch.cuda.synchronize()
     warm_s = time.time() - t0
     torch.cuda.reset_peak_memory_stats()
@@ -56,13 +69,15 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10) -> 
     for i in range(steps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        loss = step(i)
+        loss = step(warmup + i)
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b))
+        losses.append(float(loss))
     times.sort()
     out = {"mode": mode, "step_ms": times[len(times) // 2], "min_ms": times[0],
            "peak_GiB": torch.cuda.max_memory_allocated() / 2**30, "loss": float(loss),
+           "losses": [round(v, 4) for v in losses],
            "warmup_s": warm_s}
     if hot_on:
         from hot.nn.modules import HOTConv2d, HOTLinear

@@ -237,7 +237,15 @@ def pack_int4(codes: torch.Tensor, check: bool = True) -> torch.Tensor:
     multiple of 32 columns (the cutlass::int4b_t order: low nibble = even element).
     check=True raises if any code lies outside [-8, 7] (one device sync); check=False skips the
     sync for callers whose codes are in range by construction."""
-    return _module().pack_int4(codes, bool(check))
+    if check:
+        # The range check runs here, not in the binding: the binding's check (a device flag read
+        # back with .item(), then TORCH_CHECK) crashed the interpreter on the H200 (see
+        # docs/kernels.md); the binding is called with check=False.
+        if codes.numel() and bool(((codes < -8) | (codes > 7)).any()):
+            r, k = codes.shape
+            raise RuntimeError(f"hot.fast._C.pack_int4: codes outside the int4 range [-8, 7] (a {r}x{k} "
+                               "tensor); quantize to 4 bits first, or use the int8 GEMM")
+    return _module().pack_int4(codes, False)
 
 
 def unpack_int4(packed: torch.Tensor, k: int) -> torch.Tensor:

@@ -31,15 +31,45 @@ def _pow2(n: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _mats(device: torch.device, rank: int, selection: str, br: int, bc: int, dtype: torch.dtype):
-    """(HB, TB): blockdiag(H16) of size bc x bc and blockdiag(T_r padded to RP rows) of size
-    (br / 16 * RP) x br, cached per device (entries +-1/4 and 0: exact in every dtype used)."""
-    rp = _pow2(rank)
-    hb = torch.block_diag(*([hadamard16().to(torch.float64)] * (bc // BLOCK)))
-    t = torch.zeros(rp, BLOCK, dtype=torch.float64)
+def _mats(device: torch.device, rank: int, selection: str):
+    """(H16 (16 x 16), T (RP x 16) = T_r with zero rows up to RP), float32, cached per device;
+    the kernels expand them to block-diagonal tile matrices in registers."""
+    t = torch.zeros(_pow2(rank), BLOCK, dtype=torch.float64)
     t[:rank] = hla_matrix(rank, selection)
-    tb = torch.block_diag(*([t] * (br // BLOCK)))
-    return hb.to(dtype).contiguous().to(device), tb.to(dtype).contiguous().to(device)
+    return (hadamard16().to(torch.float32).contiguous().to(device),
+            t.to(torch.float32).contiguous().to(device))
+
+
+# Tiles the GPU autotuner tries (BLOCK_R, BLOCK_C, warps); BLOCK_R / 16 * RP must be >= 16.
+_TILES = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (32, 128, 4), (64, 256, 8))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(min_br: int, fixed: Optional[tuple]):
+    """(stats, quant) launchers: autotuned over _TILES (keyed by shape and switches) on a GPU,
+    or one fixed tile (the interpreter, HOT_FAST_QTILE)."""
+    import triton
+
+    from .quant_kernels import quant_kernel, stats_kernel
+
+    tiles = [fixed] if fixed else [t for t in _TILES if t[0] >= min_br]
+    if fixed or _INTERP:
+        br, bc, w = tiles[0] if fixed else (max(BLOCK_R, min_br), BLOCK_C, NUM_WARPS)
+        meta = dict(BLOCK_R=br, BLOCK_C=bc, num_warps=w)
+        return (lambda g, *a, **k: stats_kernel[g](*a, **k, **meta),
+                lambda g, *a, **k: quant_kernel[g](*a, **k, **meta))
+    cfgs = [triton.Config({"BLOCK_R": br, "BLOCK_C": bc}, num_warps=w) for br, bc, w in tiles]
+    key = ["R", "C", "DO_HQ", "DO_HLA", "HQ_ROW", "HLA_ROW", "DOT_DTYPE"]
+    # Short timing runs: the tile choice is coarse, and every new shape pays this once.
+    st = triton.autotune(cfgs, key=key, warmup=5, rep=20)(stats_kernel)
+    qu = triton.autotune(cfgs, key=key, warmup=5, rep=20)(quant_kernel)
+    return (lambda g, *a, **k: st[g](*a, **k), lambda g, *a, **k: qu[g](*a, **k))
+
+
+_FIXED = tuple(int(v) for v in os.environ["HOT_FAST_QTILE"].split(",")) \
+    if os.environ.get("HOT_FAST_QTILE") else None
+
+
 def _key(seed: int) -> int:
     """quant.seed_key as a signed 32-bit pattern (Triton int arguments are int32)."""
     k = quant.seed_key(seed)
@@ -54,14 +84,14 @@ def scale_from_amax(amax: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _dot_types(x: torch.Tensor):
-    """(dtype of the constant matrices, Triton dot dtype name, input_precision).
+    """(Triton dot dtype name, input_precision) for the transform dots.
 
     bf16/fp16 inputs times the +-1/4 matrices are exact products, summed in fp32 by the tensor
     cores; fp32 inputs need a full-precision fp32 dot. The interpreter's bf16 dot is not exact,
     so it always uses fp32."""
     if x.dtype == torch.float32 or _INTERP or x.device.type != "cuda":
-        return torch.float32, "fp32", "ieee"
-    return x.dtype, ("bf16" if x.dtype == torch.bfloat16 else "fp16"), "ieee"
+        return "fp32", "ieee"
+    return ("bf16" if x.dtype == torch.bfloat16 else "fp16"), "ieee"
 
 
 def _check(x: torch.Tensor, what: str) -> None:
@@ -90,18 +120,15 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
     Returns (hq_q, hq_s, hla_q, hla_s), None for a part not asked for. Both bits must be > 0.
     No host sync and no torch glue ops: the scales are formed inside quant_kernel.
     """
-    from .quant_kernels import quant_kernel, stats_kernel
-
     r, c = x.shape
     dev = x.device
     c16, l16 = pad_to(c), pad_to(r)
     rank, selection = (hla[0], hla[1]) if hla else (BLOCK, "lowpass")
     rp = _pow2(rank)
-    # tl.dot needs every dimension >= 16: the HLA dot has BR / 16 * RP rows.
-    br = max(BLOCK_R, 256 // rp) if hla else BLOCK_R
-    bc = BLOCK_C
-    mdtype, dname, prec = _dot_types(x)
-    hb, tb = _mats(dev, rank, selection, br, bc, mdtype)
+    h16, t = _mats(dev, rank, selection)
+    # tl.dot needs every dimension >= 16: the HLA dot has BLOCK_R / 16 * RP rows.
+    stats, quant_ = _kernels(256 // rp if hla else 16, _FIXED)
+    dname, prec = _dot_types(x)
     hq_row = bool(hq and hq[1] == "row")
     hla_row = bool(hla and hla[3] == "row")
     nh = (r if hq_row else 1) if hq else 0
@@ -109,11 +136,11 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
     amax = torch.zeros(nh + nl + 1, dtype=torch.int32, device=dev)
     hq_amax, hla_amax = amax, amax[nh:]
     lr = l16 // BLOCK * rank
-    grid = ((l16 + br - 1) // br, (c16 + bc - 1) // bc)
-    meta = dict(BLOCK_R=br, BLOCK_C=bc, ZR=br // BLOCK * rp, DO_HQ=hq is not None,
-                DO_HLA=hla is not None, HQ_ROW=hq_row, HLA_ROW=hla_row,
-                DOT_DTYPE=_tl_dtype(dname), PREC=prec, num_warps=NUM_WARPS)
-    stats_kernel[grid](x, x.stride(0), x.stride(1), r, c, hb, tb, hq_amax, hla_amax, **meta)
+    grid = lambda m: ((l16 + m["BLOCK_R"] - 1) // m["BLOCK_R"],  # noqa: E731
+                      (c16 + m["BLOCK_C"] - 1) // m["BLOCK_C"])
+    sw = dict(DO_HQ=hq is not None, DO_HLA=hla is not None, HQ_ROW=hq_row, HLA_ROW=hla_row,
+              DOT_DTYPE=_tl_dtype(dname), PREC=prec, RP=rp)
+    stats(grid, x, x.stride(0), x.stride(1), r, c, h16, t, hq_amax, hla_amax, **sw)
     hq_q = hq_s = hla_q = hla_s = None
     if hq:
         hq_q = torch.empty((r, c16), dtype=torch.int8, device=dev)
@@ -121,14 +148,13 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
     if hla:
         hla_q = torch.empty((c, lr), dtype=torch.int8, device=dev)
         hla_s = torch.empty((nl, 1), dtype=torch.float32, device=dev)
-    quant_kernel[grid](
-        x, x.stride(0), x.stride(1), r, c, hb, tb, hq_amax, hla_amax,
-        hq_q if hq else amax, hq_s if hq else amax, c16, _key(hq[3]) if hq else 0,
-        hla_q if hla else amax, hla_s if hla else amax, lr, l16 // BLOCK, _key(hla[5]) if hla else 0,
-        RANK=rank, RP=rp,
-        HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0, HQ_STOCH=bool(hq and hq[2]),
-        HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0, HLA_STOCH=bool(hla and hla[4]),
-        **meta)
+    quant_(grid, x, x.stride(0), x.stride(1), r, c, h16, t, hq_amax, hla_amax,
+           hq_q if hq else amax, hq_s if hq else amax, c16, _key(hq[3]) if hq else 0,
+           hla_q if hla else amax, hla_s if hla else amax, lr, l16 // BLOCK,
+           _key(hla[5]) if hla else 0,
+           RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0, HQ_STOCH=bool(hq and hq[2]),
+           HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0, HLA_STOCH=bool(hla and hla[4]),
+           **sw)
     return hq_q, hq_s, hla_q, hla_s
 
 

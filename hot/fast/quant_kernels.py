@@ -11,7 +11,8 @@ scales need a global reduction, so a call is two launches over the same tiles:
         written out by the first program of each row/column), divide, round (hash-stream
         stochastic or half-even), store int8 codes.
 
-Transforms are plain tile GEMMs against constant block-diagonal matrices (no reshapes):
+Transforms are plain tile GEMMs against constant block-diagonal matrices (no reshapes), gathered
+in registers from the 16x16 H16 and the RP x 16 T (tiny, L1-resident):
     HQ : t = x_tile (BR, BC) @ HB,   HB = blockdiag(H16, ..., H16) (BC x BC), H16 = sylvester/4
     HLA: z = TB @ x_tile,            TB = blockdiag(T, ..., T) (BR/16*RP x BR),
          T (RP x 16) = T_r padded with zero rows to RP = next power of two >= rank,
@@ -78,28 +79,36 @@ def _load_tile(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _hq_t(x, hb_ptr, BLOCK_C: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+def _hq_t(x, h_ptr, BLOCK_C: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    # HB[i, j] = H16[i % 16, j % 16] on the diagonal 16x16 blocks, else 0 (gathered from the
+    # 16x16 matrix in L1, so one compiled kernel serves every tile size).
     i = tl.arange(0, BLOCK_C)
-    hb = tl.load(hb_ptr + i[:, None] * BLOCK_C + i[None, :]).to(DOT_DTYPE)
-    return tl.dot(x, hb, input_precision=PREC, out_dtype=tl.float32)
+    same = (i[:, None] // 16) == (i[None, :] // 16)
+    hb = tl.load(h_ptr + (i[:, None] % 16) * 16 + (i[None, :] % 16), mask=same, other=0.0)
+    return tl.dot(x, hb.to(DOT_DTYPE), input_precision=PREC, out_dtype=tl.float32)
 
 
 @triton.jit
-def _hla_z(x, tb_ptr, BLOCK_R: tl.constexpr, ZR: tl.constexpr, DOT_DTYPE: tl.constexpr,
-           PREC: tl.constexpr):
+def _hla_z(x, t_ptr, BLOCK_R: tl.constexpr, ZR: tl.constexpr, RP: tl.constexpr,
+           DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    # TB[k, i] = T[k % RP, i % 16] where row block k // RP meets column block i // 16, else 0;
+    # T (RP x 16) is T_r with zero rows past the rank.
     k = tl.arange(0, ZR)
     i = tl.arange(0, BLOCK_R)
-    tb = tl.load(tb_ptr + k[:, None] * BLOCK_R + i[None, :]).to(DOT_DTYPE)
-    return tl.dot(tb, x, input_precision=PREC, out_dtype=tl.float32)
+    same = (k[:, None] // RP) == (i[None, :] // 16)
+    tb = tl.load(t_ptr + (k[:, None] % RP) * 16 + (i[None, :] % 16), mask=same, other=0.0)
+    return tl.dot(tb.to(DOT_DTYPE), x, input_precision=PREC, out_dtype=tl.float32)
 
 
 @triton.jit
 def stats_kernel(
     x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ZR: tl.constexpr,
+    RP: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    ZR: tl.constexpr = BLOCK_R // 16 * RP
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     x, rows, cols = _load_tile(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, DOT_DTYPE)
@@ -113,7 +122,7 @@ def stats_kernel(
             tl.atomic_max(hq_amax_ptr, tl.max(a, axis=0), sem="relaxed")
     if DO_HLA:
         # Rows of z for t >= rank come from zero rows of TB and blocks past L16 from zero input.
-        a = tl.max(_abs_bits(_hla_z(x, tb_ptr, BLOCK_R, ZR, DOT_DTYPE, PREC)), axis=0)
+        a = tl.max(_abs_bits(_hla_z(x, tb_ptr, BLOCK_R, ZR, RP, DOT_DTYPE, PREC)), axis=0)
         if HLA_ROW:
             tl.atomic_max(hla_amax_ptr + cols, a, mask=cols < C, sem="relaxed")
         else:
@@ -125,12 +134,13 @@ def quant_kernel(
     x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr,
     hq_q_ptr, hq_s_ptr, C16, hq_key,
     hla_q_ptr, hla_s_ptr, LR, NBLK, hla_key,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ZR: tl.constexpr, RANK: tl.constexpr,
-    RP: tl.constexpr,
+    RANK: tl.constexpr, RP: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    ZR: tl.constexpr = BLOCK_R // 16 * RP
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     x, rows, cols = _load_tile(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, DOT_DTYPE)
@@ -153,7 +163,7 @@ def quant_kernel(
         tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
     if DO_HLA:
         cmask = cols < C
-        z = _hla_z(x, tb_ptr, BLOCK_R, ZR, DOT_DTYPE, PREC)  # (ZR, BLOCK_C)
+        z = _hla_z(x, tb_ptr, BLOCK_R, ZR, RP, DOT_DTYPE, PREC)  # (ZR, BLOCK_C)
         if HLA_ROW:
             s = _scale(tl.load(hla_amax_ptr + cols, mask=cmask, other=0), HLA_QMAX)
             if pid_r == 0:
