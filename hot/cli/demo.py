@@ -7,8 +7,6 @@ import json
 import pathlib
 import time
 
-import torch
-
 from ..data import load_dataset
 from ..models import build_model
 from . import plots

@@ -11,7 +11,7 @@ from . import bench, demo, gbops, inspect, memory, train
 from .common import CLIError
 
 EPILOG = """examples:
-  hot demo                                  FP32 vs HOT on Fashion-MNIST, under 5 min on a laptop CPU
+  hot demo                                  FP32 vs HOT on Fashion-MNIST, about 3 min on 2 CPU cores
   hot train --dataset mnist-5k --method hot --epochs 2
   hot train --model minilm --dataset rotten-tomatoes --method hot --lora-r 8
   hot memory vit_base_patch16_224 --batch 8 --input-shape 3,224,224

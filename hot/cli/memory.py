@@ -9,8 +9,6 @@ import pathlib
 import torch
 import torch.nn.functional as F
 
-import hot
-
 from ..analysis import memory as M
 from ..analysis.saved import OTHER, SavedTensorMeter
 from ..analysis.shapes import layer_shapes

@@ -12,7 +12,7 @@ from ..data import DATASETS, load_dataset
 from ..models import build_model, describe_model_spec
 from . import plots
 from .common import (CLIError, add_hot_args, add_json_flag, device_from, emit, fmt_bytes,
-                     hot_config, log, render_table)
+                     hot_config, render_table)
 from .methods import METHODS
 from .trainer import RunSpec, train_run
 

@@ -8,7 +8,6 @@ methods differ only in what the method changes.
 
 from __future__ import annotations
 
-import copy
 import math
 import pathlib
 import time

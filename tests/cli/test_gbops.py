@@ -1,8 +1,6 @@
 """GBOPs against the formulas, and against the official calculator's published ViT-B numbers
 (hot_official_code.md section 7.2: numbers printed by running gbops_calculation.py, not ours)."""
 
-import math
-
 import pytest
 
 from hot.analysis import gbops as G

@@ -1,7 +1,5 @@
-import math
 import pickle
 
-import numpy as np
 import pytest
 import torch
 
