@@ -116,6 +116,12 @@ class _HOTMixin:
                 f"use float32, bfloat16, float16 or float64 weights."
             )
 
+    def _needs_backward(self, x: torch.Tensor) -> bool:
+        """False in inference (no_grad, or nothing requires grad): then the plain op runs."""
+        return torch.is_grad_enabled() and (
+            x.requires_grad or self.weight.requires_grad
+            or (self.bias is not None and self.bias.requires_grad))
+
     def _autocast(self, x, weight, bias):
         dev = x.device.type
         if torch.is_autocast_enabled(dev):
@@ -152,8 +158,7 @@ class HOTLinear(_HOTMixin, nn.Linear):
                 f"HOT layer {self.hot_name!r}: input has {x.shape[-1]} features in its last "
                 f"dimension, but the layer expects in_features={self.in_features}."
             )
-        if not torch.is_grad_enabled() or not (x.requires_grad or self.weight.requires_grad
-                                               or (self.bias is not None and self.bias.requires_grad)):
+        if not self._needs_backward(x):
             return nn.functional.linear(x, self.weight, self.bias)
         x, w, b = self._autocast(x, self.weight, self.bias)
         cfg = self.hot_config
@@ -188,8 +193,7 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
                 f"HOT layer {self.hot_name!r}: HOTConv2d takes 4-D input (N, C, H, W), got shape "
                 f"{tuple(x.shape)}; add a batch dimension (x.unsqueeze(0))."
             )
-        if not torch.is_grad_enabled() or not (x.requires_grad or self.weight.requires_grad
-                                               or (self.bias is not None and self.bias.requires_grad)):
+        if not self._needs_backward(x):
             return self._conv_forward(x, self.weight, self.bias)
         x, w, b = self._autocast(x, self.weight, self.bias)
         cfg = self.hot_config
