@@ -31,7 +31,7 @@ def main():
         floor = (r * c * 2 + r * c + c * r // 2) / bw * 1e3
         ms = bench(lambda g: fq.gy_quantize(g, 4, "row", True, 1, 8, "lowpass", 8, "row", True, 2), gs)
         st, qu = fq._kernels(32, None)
-        best = [getattr(k.__closure__[0].cell_contents, "best_config", None) for k in (st, qu)]
+        best = [str(getattr(k.__closure__[0].cell_contents, "best_config", None)) for k in (st, qu)]
         hu = host_us(lambda: fq.gy_quantize(gs[0][0], 4, "row", True, 1, 8, "lowpass", 8, "row", True, 2))
         print(f"gy_pass {r}x{c}: {ms:.3f} ms, floor {floor:.3f} ms ({100 * floor / ms:.0f}% of copy), "
               f"host {hu:.0f} us, tiles {best}", flush=True)

@@ -31,7 +31,7 @@ case " $what " in *" tests "*|*" all "*)
   HOT_JIT_BUILD=0 tst tests/fast/test_gpu_layer.py 200
 esac
 case " $what " in *" sweep "*|*" all "*)
-  HOT_JIT_BUILD=0 timeout 150 python3 benchmarks/sweep_gy_pass.py 2>&1 | tee "$OUT/sweep.log" | tail -6
+  HOT_FAST_AUTOTUNE=1 HOT_JIT_BUILD=0 timeout 150 python3 benchmarks/sweep_gy_pass.py 2>&1 | tee "$OUT/sweep.log" | tail -6
 esac
 [ -n "$build_pid" ] && wait "$build_pid"; cat "$OUT/build.log" 2>/dev/null | tail -3
 case " $what " in *" tests "*|*" all "*)
@@ -48,7 +48,7 @@ except RuntimeError as e:
 " 2>&1 | tail -8 | tee "$OUT/pack_diag.log"
 esac
 case " $what " in *" bench "*|*" all "*)
-  timeout 300 python3 -m hot.bench.backward --json "$OUT/bench_backward.json" --md "$OUT/bench_backward.md" > "$OUT/bench_backward.log" 2>&1 || tail -30 "$OUT/bench_backward.log"
+  HOT_FAST_AUTOTUNE=${HOT_FAST_AUTOTUNE:-1} timeout 300 python3 -m hot.bench.backward --json "$OUT/bench_backward.json" --md "$OUT/bench_backward.md" > "$OUT/bench_backward.log" 2>&1 || tail -30 "$OUT/bench_backward.log"
 esac
 case " $what " in *" e2e "*|*" all "*)
   timeout 300 python3 -m hot.bench.e2e --modes "${E2E_MODES:-bf16,bf16_compile,hot,hot_ref,hot_exact}" --json "$OUT/e2e.json" 2>&1 \

@@ -46,14 +46,15 @@ _TILES = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (32, 128, 4), 
 
 @functools.lru_cache(maxsize=None)
 def _kernels(min_br: int, fixed: Optional[tuple]):
-    """(stats, quant) launchers: autotuned over _TILES (keyed by shape and switches) on a GPU,
-    or one fixed tile (the interpreter, HOT_FAST_QTILE)."""
+    """(stats, quant) launchers: one fixed tile (BLOCK_R x BLOCK_C, HOT_FAST_QTILE; always in the
+    interpreter), or with HOT_FAST_AUTOTUNE=1 on a GPU autotuned over _TILES (keyed by shape and
+    switches)."""
     import triton
 
     from .quant_kernels import quant_kernel, stats_kernel
 
     tiles = [fixed] if fixed else [t for t in _TILES if t[0] >= min_br]
-    if fixed or _INTERP:
+    if fixed or _INTERP or not _AUTOTUNE:
         br, bc, w = tiles[0] if fixed else (max(BLOCK_R, min_br), BLOCK_C, NUM_WARPS)
         meta = dict(BLOCK_R=br, BLOCK_C=bc, num_warps=w)
         return (lambda g, *a, **k: stats_kernel[g](*a, **k, **meta),
@@ -66,6 +67,9 @@ def _kernels(min_br: int, fixed: Optional[tuple]):
     return (lambda g, *a, **k: st[g](*a, **k), lambda g, *a, **k: qu[g](*a, **k))
 
 
+# Off by default: autotuning compiles every tile for every kernel specialization on first use
+# (12 Triton compiles per dtype x scale-mode x HQ/HLA combination; minutes for a test file).
+_AUTOTUNE = os.environ.get("HOT_FAST_AUTOTUNE", "0") not in ("", "0")
 _FIXED = tuple(int(v) for v in os.environ["HOT_FAST_QTILE"].split(",")) \
     if os.environ.get("HOT_FAST_QTILE") else None
 

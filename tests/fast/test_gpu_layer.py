@@ -27,6 +27,18 @@ from hot.nn import function as hfn
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_tile():
+    # One fixed quantizer tile: the GPU autotuner compiles all of hot.fast.quant._TILES for every
+    # kernel specialization (dtype x scale modes x HQ/HLA switches), which this file hits ~16 of;
+    # the tile changes only speed, never the codes.
+    from hot.fast import quant as fq
+
+    old, fq._FIXED = fq._FIXED, (64, 64, 4)
+    yield
+    fq._FIXED = old
+
+
 _OPS = ("hq_quantize", "hla_quantize", "gy_quantize", "int_gemm_nt")
 
 
