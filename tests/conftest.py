@@ -11,6 +11,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+# Without a GPU the fast kernels' tests run in the Triton interpreter, which must be on before
+# anything imports triton: test modules of other folders do so at collection, and triton's own
+# @jit library functions (tl.cdiv, tl.max) are then compiled-mode objects the interpreter rejects.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture(autouse=True)
 def _seed():
