@@ -39,7 +39,9 @@ def hq_transform(x: torch.Tensor) -> torch.Tensor:
     dt = _compute_dtype(x)
     r, c = x.shape
     c16 = pad_to(c)
-    xp = F.pad(x.to(dt), (0, c16 - c))
+    xp = x.to(dt)
+    if c16 != c:
+        xp = F.pad(xp, (0, c16 - c))
     h = _hadamard(x.device, dt)
     return (xp.reshape(r, c16 // BLOCK, BLOCK) @ h).reshape(r, c16)
 
@@ -49,7 +51,9 @@ def hla_transform(x: torch.Tensor, rank: int, selection: str) -> torch.Tensor:
     dt = _compute_dtype(x)
     length, c = x.shape
     l16 = pad_to(length)
-    xp = F.pad(x.to(dt), (0, 0, 0, l16 - length))
+    xp = x.to(dt)
+    if l16 != length:
+        xp = F.pad(xp, (0, 0, 0, l16 - length))
     t = _hla(rank, selection, x.device, dt).t()  # (rank, 16)
     # T_r applied to each block of 16 rows as one broadcast batched product on the contiguous
     # (nb, 16, C) view: no copy of the input (a transposed view made CPU bmm ~500x slower).
@@ -73,13 +77,20 @@ def hla_quantize(x, rank, selection, bits, scale_mode, stochastic, seed):
     return _finish(hla_transform(x, rank, selection), bits, scale_mode, stochastic, seed)
 
 
+def _absmax_int(t: torch.Tensor) -> int:
+    # aminmax on the int8 codes themselves: abs() of int8 -128 would overflow.
+    if t.numel() == 0:
+        return 0
+    lo, hi = torch.aminmax(t)
+    return max(-int(lo), int(hi))
+
+
 def int_gemm_nt(a, b, sa, sb, out_dtype):
     """(a @ b^T) * sa * sb^T. Integer codes are multiplied in float32 when every partial sum is
     an integer below 2^24 (then float32 is exact), else in float64 (exact below 2^53)."""
     if a.dtype == torch.int8 and b.dtype == torch.int8:
         k = a.shape[1]
-        bound = k * int(a.abs().max().item() if a.numel() else 0) * int(
-            b.abs().max().item() if b.numel() else 0)
+        bound = k * _absmax_int(a) * _absmax_int(b)
         acc_dt = torch.float32 if bound < (1 << 24) else torch.float64
         acc = a.to(acc_dt) @ b.to(acc_dt).t()
         out = acc.to(torch.float32) * sa * sb.t()

@@ -55,7 +55,7 @@ def _f32_slack(a, sa, b, sb, dense_bound):
     return 3 * g16 * dense_bound + 3 * U32 * ((a.abs() + sa) @ (b.abs() + sb).T)
 
 
-@pytest.mark.parametrize("stream", ["torch", "hash"])
+@pytest.mark.parametrize("stream", ["default", "hash"])
 def test_hq_gx_is_unbiased_and_its_error_shrinks_like_one_over_sqrt_draws(stream):
     """Paper g_x path (4-bit, both operands stochastically rounded, per-token g_y scale) over
     independent draws (a different torch seed per backward), with the reference's default
