@@ -92,8 +92,8 @@ def int_gemm_nt(a, b, sa, sb, out_dtype):
         k = a.shape[1]
         bound = k * _absmax_int(a) * _absmax_int(b)
         acc_dt = torch.float32 if bound < (1 << 24) else torch.float64
-        acc = a.to(acc_dt) @ b.to(acc_dt).t()
-        out = acc.to(torch.float32) * sa * sb.t()
+        acc = (a.to(acc_dt) @ b.to(acc_dt).t()).to(torch.float32)
+        out = acc.mul_(sa).mul_(sb.t())  # (acc * sa) * sb^T, the order the kernels use
     else:
         dt = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
         acc = a.to(dt) @ b.to(dt).t()

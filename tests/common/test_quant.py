@@ -236,3 +236,18 @@ def test_default_cpu_stream_split_across_threads_is_deterministic_and_uniform():
     # Halves uncorrelated: the sample correlation of 350k pairs has sd 1/sqrt(350000) = 1.7e-3.
     c = torch.corrcoef(torch.stack([flat[:h], flat[h:2 * h]]))[0, 1].item()
     assert abs(c) < 5 * 1.7e-3
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+@pytest.mark.parametrize("mode", ["row", "tensor"])
+def test_quantize_equals_round_to_levels_of_the_scaled_input(stream, mode):
+    # quantize() fuses the division into the rounding pass; it must be the same function.
+    x = torch.randn(40, 48) * 3
+    x[5] = 0.0
+    x[7, 3] = float("nan")
+    x[9, 1] = float("-inf")
+    with _stream(stream):
+        q, s = quant.quantize(x, 4, mode, True, seed=21)
+        ref = quant.round_to_levels(x / quant.absmax_scale(x, 4, mode), 4, True, seed=21)
+    assert torch.equal(q, ref)
+    assert torch.equal(s.isnan(), quant.absmax_scale(x, 4, mode).isnan())
