@@ -16,8 +16,9 @@ from .trainer import RunSpec, train_run
 
 # Sized so that FP32 + HOT (reference backend) + evaluation finish in under 5 minutes on two
 # CPU cores; see docs/cli.md for the measurements behind these numbers.
-DEFAULTS = dict(train_size=20000, test_size=10000, epochs=3, batch_size=128, dim=64, depth=4)
-SMOKE = dict(train_size=512, test_size=256, epochs=1, batch_size=64, dim=32, depth=1)
+DEFAULTS = dict(train_size=20000, test_size=10000, epochs=3, batch_size=128, dim=64, depth=4,
+                patch=4)
+SMOKE = dict(train_size=512, test_size=256, epochs=1, batch_size=64, dim=32, depth=1, patch=4)
 
 
 def add_parser(sub) -> None:
@@ -36,6 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, help=f"batch size (default {DEFAULTS['batch_size']})")
     p.add_argument("--dim", type=int, help=f"ViT width (default {DEFAULTS['dim']})")
     p.add_argument("--depth", type=int, help=f"ViT blocks (default {DEFAULTS['depth']})")
+    p.add_argument("--patch", type=int, help=f"ViT patch size (default {DEFAULTS['patch']})")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--methods", default=None,
@@ -66,7 +68,7 @@ def run(args) -> int:
     heads = 4 if cfg["dim"] % 4 == 0 else 1
     builder = lambda: build_model("tiny-vit", classes=data.classes, input_shape=data.shape,
                                   vit_dim=cfg["dim"], vit_depth=cfg["depth"], vit_heads=heads,
-                                  vit_mlp=2 * cfg["dim"])
+                                  vit_mlp=2 * cfg["dim"], vit_patch=cfg["patch"])
     runs = []
     for m in methods:
         spec = RunSpec(method=m, epochs=cfg["epochs"], lr=args.lr, batch_size=cfg["batch_size"],
