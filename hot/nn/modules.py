@@ -44,6 +44,14 @@ class _HOTMixin:
     hot_name: str
     hot_backend: Optional[str]
 
+    @classmethod
+    def from_module(cls, mod: nn.Module, config: HOTConfig, name: str = "",
+                    backend: Optional[str] = None):
+        """A HOT layer that shares ``mod``'s Parameters, buffers and hooks."""
+        new = _adopt(cls, mod)
+        new._hot_init(config, name, backend)
+        return new
+
     def _hot_init(self, config: HOTConfig, name: str, backend: Optional[str]) -> None:
         self.hot_config = config
         self.hot_name = name
@@ -140,12 +148,7 @@ class _HOTMixin:
 
 
 class HOTLinear(_HOTMixin, nn.Linear):
-    @classmethod
-    def from_linear(cls, mod: nn.Linear, config: HOTConfig, name: str = "",
-                    backend: Optional[str] = None) -> "HOTLinear":
-        new = _adopt(cls, mod)
-        new._hot_init(config, name, backend)
-        return new
+    from_linear = _HOTMixin.from_module
 
     # torch.compile must not trace HOT layers: their backward draws fresh seeds and advances
     # per-layer state on every call, which a traced graph would freeze into constants (the same
@@ -172,12 +175,7 @@ class HOTLinear(_HOTMixin, nn.Linear):
 
 
 class HOTConv2d(_HOTMixin, nn.Conv2d):
-    @classmethod
-    def from_conv(cls, mod: nn.Conv2d, config: HOTConfig, name: str = "",
-                  backend: Optional[str] = None) -> "HOTConv2d":
-        new = _adopt(cls, mod)
-        new._hot_init(config, name, backend)
-        return new
+    from_conv = _HOTMixin.from_module
 
     def _geom(self):
         pad = self.padding
