@@ -148,7 +148,10 @@ class _HOTMixin:
 
 
 class HOTLinear(_HOTMixin, nn.Linear):
-    from_linear = _HOTMixin.from_module
+    @classmethod
+    def from_linear(cls, mod: nn.Linear, config: HOTConfig, name: str = "",
+                    backend: Optional[str] = None) -> "HOTLinear":
+        return cls.from_module(mod, config, name, backend)
 
     # torch.compile must not trace HOT layers: their backward draws fresh seeds and advances
     # per-layer state on every call, which a traced graph would freeze into constants (the same
@@ -175,7 +178,10 @@ class HOTLinear(_HOTMixin, nn.Linear):
 
 
 class HOTConv2d(_HOTMixin, nn.Conv2d):
-    from_conv = _HOTMixin.from_module
+    @classmethod
+    def from_conv(cls, mod: nn.Conv2d, config: HOTConfig, name: str = "",
+                  backend: Optional[str] = None) -> "HOTConv2d":
+        return cls.from_module(mod, config, name, backend)
 
     def _geom(self):
         pad = self.padding
