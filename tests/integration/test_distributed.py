@@ -1,5 +1,7 @@
 """HOT under torch.distributed (2 CPU processes, gloo): DDP stays in sync, LQS decides alike on
-every rank, and ranks draw different rounding noise (so it averages out in the all-reduce)."""
+every rank, and ranks draw different rounding noise (so it averages out in the all-reduce);
+FSDP2 (fully_shard) trains HOT layers with sharded parameters and, with exact gradients, gives
+the same parameters as one process on both ranks' data."""
 
 import os
 import socket
@@ -71,3 +73,67 @@ def test_ddp_two_ranks():
     assert res["grads_differ"], "ranks drew identical rounding noise"
     assert res["lqs_equal"], "LQS decided differently on different ranks"
     assert res["params_equal"] and res["finite"]
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8))
+
+
+def _data(rank: int):
+    return torch.randn(64, 32, generator=torch.Generator().manual_seed(200 + rank))
+
+
+def _fsdp_worker(rank: int, world: int, port: int, out: dict):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for name, cfg in (("exact", hot.HOTConfig.exact()), ("paper", hot.HOTConfig())):
+            net = hot.convert(_net(), cfg, backend="reference")
+            for m in net:
+                if isinstance(m, nn.Linear):
+                    fully_shard(m, mesh=mesh)
+            fully_shard(net, mesh=mesh)
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            x = _data(rank)
+            for _ in range(3):
+                opt.zero_grad()
+                net(x).square().mean().backward()
+                opt.step()
+            full = [p.full_tensor().detach().clone() for p in net.parameters()]
+            lqs = [m.hot_lqs_value() for _, m in hot.hot_layers(net)]
+            if rank == 0:
+                out[name] = (full, lqs, [m.hot_step_value() for _, m in hot.hot_layers(net)])
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+def test_fsdp2_two_ranks_matches_one_process_when_exact():
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    pytest.importorskip("torch.distributed.fsdp")
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_fsdp_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+        res = dict(out)
+    # One process, the same model, loss = mean of the two ranks' losses (FSDP2 averages grads).
+    net = hot.convert(_net(), hot.HOTConfig.exact(), backend="reference")
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        (sum(net(_data(r)).square().mean() for r in range(2)) / 2).backward()
+        opt.step()
+    full, _, steps = res["exact"]
+    for p, q in zip(net.parameters(), full):
+        # float32, 3 SGD steps on O(1) values: differences are reduction-order rounding (~1e-7).
+        torch.testing.assert_close(q, p.detach(), rtol=1e-5, atol=1e-6)
+    assert steps == [3, 3]
+    full, lqs, steps = res["paper"]
+    assert all(torch.isfinite(t).all() for t in full)
+    assert all(c in (0, 1) for c in lqs) and steps == [3, 3]
