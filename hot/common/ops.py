@@ -167,6 +167,15 @@ def _(x, hq_bits, hq_scale_mode, hq_stochastic, hq_seed, rank, selection, hla_bi
     return q1, s1, q2, s2
 
 
+def _direct(op, impl):
+    """``impl`` called straight in eager mode; the torch.library ``op`` under tracing."""
+
+    def call(*args):
+        return op(*args) if torch.compiler.is_compiling() else impl(*args)
+
+    return staticmethod(call)
+
+
 class _Direct:
     """The same operations without the torch.library dispatcher, which costs 20-40 us a call.
 
@@ -174,29 +183,10 @@ class _Direct:
     gains nothing from the dispatcher; under tracing these still route through torch.ops.hot.
     """
 
-    @staticmethod
-    def hq_quantize(*args):
-        if torch.compiler.is_compiling():
-            return hq_quantize(*args)
-        return _hq_quantize(*args)
-
-    @staticmethod
-    def hla_quantize(*args):
-        if torch.compiler.is_compiling():
-            return hla_quantize(*args)
-        return _hla_quantize(*args)
-
-    @staticmethod
-    def int_gemm_nt(*args):
-        if torch.compiler.is_compiling():
-            return int_gemm_nt(*args)
-        return _int_gemm_nt(*args)
-
-    @staticmethod
-    def gy_quantize(*args):
-        if torch.compiler.is_compiling():
-            return gy_quantize(*args)
-        return _gy_quantize(*args)
+    hq_quantize = _direct(hq_quantize, _hq_quantize)
+    hla_quantize = _direct(hla_quantize, _hla_quantize)
+    int_gemm_nt = _direct(int_gemm_nt, _int_gemm_nt)
+    gy_quantize = _direct(gy_quantize, _gy_quantize)
 
 
 direct = _Direct()

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from ..common.backend import requested_backend
 from ..common.config import HOTConfig
-from .modules import HOTConv2d, HOTLinear, _adopt, conv_supported
+from .modules import HOT_ATTRS, HOT_BUFFERS, HOTConv2d, HOTLinear, _adopt, conv_supported
 
 FilterFn = Callable[[str, nn.Module], bool]
 
@@ -46,9 +46,9 @@ def convert(
     for fqn, mod in model.named_modules():
         if isinstance(mod, (HOTLinear, HOTConv2d)) or not fqn:
             continue
-        if type(mod) is nn.Linear or (isinstance(mod, nn.Linear) and not _is_wrapper(mod)):
+        if isinstance(mod, nn.Linear) and not _is_wrapper(mod):
             kind = "linear"
-        elif isinstance(mod, nn.Conv2d) and not isinstance(mod, HOTConv2d):
+        elif isinstance(mod, nn.Conv2d):
             why = conv_supported(mod)
             if why is not None:
                 if filter is None or filter(fqn, mod):
@@ -84,11 +84,10 @@ def unconvert(model: nn.Module) -> nn.Module:
             plain = _adopt(nn.Conv2d, mod)
         else:
             continue
-        for k in ("hot_step", "hot_lqs", "hot_lqs_err", "hot_lqs_seen"):
+        for k in HOT_BUFFERS:
             plain._buffers.pop(k, None)
             plain._non_persistent_buffers_set.discard(k)
-        for k in ("hot_config", "hot_name", "hot_backend", "hot_id", "_hot_resolved",
-                  "_hot_step_value", "_hot_lqs_value"):
+        for k in HOT_ATTRS:
             plain.__dict__.pop(k, None)
         if not fqn:
             return plain
@@ -99,12 +98,10 @@ def unconvert(model: nn.Module) -> nn.Module:
 def set_config(model: nn.Module, config: HOTConfig) -> int:
     """Give every HOT layer of ``model`` a new config (e.g. to change bits mid-training).
     Step counters and LQS decisions are kept. Returns the number of layers changed."""
-    n = 0
-    for mod in model.modules():
-        if isinstance(mod, (HOTLinear, HOTConv2d)):
-            mod.set_hot_config(config)
-            n += 1
-    return n
+    layers = hot_layers(model)
+    for _, mod in layers:
+        mod.set_hot_config(config)
+    return len(layers)
 
 
 def hot_layers(model: nn.Module):

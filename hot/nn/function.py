@@ -35,17 +35,22 @@ def _seq_pad(t: torch.Tensor, seq: int) -> torch.Tensor:
     return F.pad(t.reshape(n, seq, -1), (0, 0, 0, s16 - seq)).reshape(n * s16, -1)
 
 
+def _mode(scale: str) -> str:
+    """Config scale granularity -> op scale_mode: per channel is one scale per op output row."""
+    return "row" if scale == "channel" else "tensor"
+
+
+def _hla_args(h) -> tuple:
+    """The HLA arguments after x: (rank, selection, bits, scale_mode, stochastic)."""
+    return (h.rank, h.selection, h.bits or 0, _mode(h.scale), h.rounding == "stochastic")
+
+
 def abc_save(plan: LayerPlan, x2d: torch.Tensor):
     """What the forward keeps for the g_W path: (q_x, s_x), or x itself while exact."""
     if plan.exact:
         return (x2d,)
     h = plan.config.hla
-    q, s = op.hla_quantize(
-        _seq_pad(x2d, plan.seq), h.rank, h.selection, h.bits or 0,
-        "row" if h.scale == "channel" else "tensor", h.rounding == "stochastic",
-        plan.seed_x, plan.backend,
-    )
-    return (q, s)
+    return op.hla_quantize(_seq_pad(x2d, plan.seq), *_hla_args(h), plan.seed_x, plan.backend)
 
 
 def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx: bool,
@@ -53,17 +58,14 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx
     """(g_x as L x I, g_W as O x I); either is None when not needed."""
     bp = begin_backward(layer, plan, gy2d)
     gx = gw = None
-    o = gy2d.shape[1]
     hq, h = plan.config.hq, plan.config.hla
+    gy_hla = _seq_pad(gy2d, plan.seq) if need_gw and not bp.exact else gy2d
     fused = None
-    if (need_gx and need_gw and not bp.exact and bp.gx_bits and h.bits
-            and (plan.seq <= 0 or plan.seq % 16 == 0)):
+    if need_gx and need_gw and not bp.exact and bp.gx_bits and h.bits and gy_hla is gy2d:
         # Both paths quantize the same g_y: one fused pass (ops.gy_quantize is by definition the
         # pair of hq_quantize and hla_quantize below, with the same arguments).
-        fused = op.gy_quantize(
-            gy2d, bp.gx_bits, bp.gy_scale_mode, hq.gy_rounding == "stochastic", bp.seed_gy,
-            h.rank, h.selection, h.bits, "row" if h.scale == "channel" else "tensor",
-            h.rounding == "stochastic", bp.seed_hla, plan.backend)
+        fused = op.gy_quantize(gy2d, bp.gx_bits, bp.gy_scale_mode, hq.gy_rounding == "stochastic",
+                               bp.seed_gy, *_hla_args(h), bp.seed_hla, plan.backend)
     if need_gx:
         if bp.exact:
             gx = (gy2d @ w2d.to(gy2d.dtype)).to(x_dtype)
@@ -72,10 +74,9 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx
                 qg, sg = fused[0], fused[1]
             else:
                 qg, sg = op.hq_quantize(gy2d, bp.gx_bits, bp.gy_scale_mode,
-                                         hq.gy_rounding == "stochastic", bp.seed_gy, plan.backend)
-            qw, sw = op.hq_quantize(w2d.t(), bp.gx_bits,
-                                     "row" if hq.w_scale == "channel" else "tensor",
-                                     hq.w_rounding == "stochastic", bp.seed_w, plan.backend)
+                                        hq.gy_rounding == "stochastic", bp.seed_gy, plan.backend)
+            qw, sw = op.hq_quantize(w2d.t(), bp.gx_bits, _mode(hq.w_scale),
+                                    hq.w_rounding == "stochastic", bp.seed_w, plan.backend)
             gx = op.int_gemm_nt(qg, qw, sg, sw, dtype_name(x_dtype), plan.backend)
     if need_gw:
         if bp.exact:
@@ -86,12 +87,8 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx
             if fused is not None:
                 qg, sg = fused[2], fused[3]
             else:
-                qg, sg = op.hla_quantize(
-                    _seq_pad(gy2d, plan.seq), h.rank, h.selection, h.bits or 0,
-                    "row" if h.scale == "channel" else "tensor", h.rounding == "stochastic",
-                    bp.seed_hla, plan.backend)
+                qg, sg = op.hla_quantize(gy_hla, *_hla_args(h), bp.seed_hla, plan.backend)
             gw = op.int_gemm_nt(qg, qx, sg, sx, dtype_name(w_dtype), plan.backend)
-    assert gw is None or gw.shape[0] == o
     return gx, gw
 
 

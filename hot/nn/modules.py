@@ -21,6 +21,12 @@ from .state import LQS_UNDECIDED, make_plan
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
+# What _hot_init adds to a module (unconvert removes exactly these).
+HOT_BUFFERS = ("hot_step", "hot_lqs", "hot_lqs_err", "hot_lqs_seen")
+HOT_ATTRS = ("hot_config", "hot_name", "hot_backend", "hot_id", "_hot_resolved",
+             "_hot_step_value", "_hot_lqs_value")
+
+
 class HOTLayerError(ValueError):
     """Bad input to a HOT layer; the message names the layer, the value and the fix."""
 

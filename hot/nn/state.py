@@ -67,16 +67,12 @@ def make_plan(layer, cfg: HOTConfig, backend: str, seq: int) -> LayerPlan:
 
 
 def _lqs_mode(layer, cfg: HOTConfig, gy2d: torch.Tensor, bits: int) -> str:
-    forced = cfg.hq.gy_scale
-    if forced == "token":
-        return "row"
-    if forced == "tensor":
-        return "tensor"
-    choice = layer.hot_lqs_value()
-    if choice == LQS_TOKEN:
-        return "row"
-    if choice == LQS_TENSOR:
-        return "tensor"
+    forced = {"token": "row", "tensor": "tensor"}.get(cfg.hq.gy_scale)
+    if forced:
+        return forced
+    decided = {LQS_TOKEN: "row", LQS_TENSOR: "tensor"}.get(layer.hot_lqs_value())
+    if decided:
+        return decided
     # Calibrating: measure on the transformed g_y that is actually quantized.
     from ..reference.ops import hq_transform
 
