@@ -30,6 +30,9 @@ case " $what " in *" tests "*|*" all "*)
   # These need no extension (the fast GEMM falls back to Triton until it is loaded).
   HOT_JIT_BUILD=0 tst tests/fast/test_gpu_layer.py 200
 esac
+case " $what " in *" profile "*|*" all "*)
+  HOT_JIT_BUILD=0 timeout 120 python3 benchmarks/profile_host.py 2>&1 | tee "$OUT/profile_host.log" | head -60
+esac
 case " $what " in *" sweep "*|*" all "*)
   HOT_FAST_AUTOTUNE=1 HOT_JIT_BUILD=0 timeout 150 python3 benchmarks/sweep_gy_pass.py 2>&1 | tee "$OUT/sweep.log" | tail -6
 esac

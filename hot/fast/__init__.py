@@ -15,14 +15,7 @@ from . import arch, gemm, quant
 
 why_unavailable = arch.why_unavailable
 
-# 'auto' does not pick this backend yet: its kernels match the reference op by op on an H200, but
-# its layer-level GPU differential test and training check have not passed yet (docs/performance.md).
-# Until they do, it runs only when asked for by name (backend='fast' or HOT_BACKEND=fast).
-AUTO_REASON = ("the fast backend is opt-in in this release: its layer-level GPU tests have not "
-               "passed yet (docs/performance.md); request it with backend='fast'")
-
-BACKEND = Backend("fast", quant.hq_quantize, quant.hla_quantize, gemm.int_gemm_nt, why_unavailable,
-                  auto_reason=AUTO_REASON)
+BACKEND = Backend("fast", quant.hq_quantize, quant.hla_quantize, gemm.int_gemm_nt, why_unavailable)
 # The optional fused g_y operation (hot.common.ops.gy_quantize looks for this attribute).
 BACKEND.gy_quantize = quant.gy_quantize
 register_backend(BACKEND)
