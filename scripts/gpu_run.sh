@@ -28,6 +28,7 @@ tst() {  # each file in its own process: a crash in one (a segfault) must not hi
 }
 case " $what " in *" tests "*|*" all "*)
   # These need no extension (the fast GEMM falls back to Triton until it is loaded).
+  HOT_JIT_BUILD=0 tst tests/fast/test_gpu_launch.py 100
   HOT_JIT_BUILD=0 tst tests/fast/test_gpu_layer.py 200
 esac
 case " $what " in *" profile "*|*" all "*)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from typing import Optional
 
 import torch
@@ -46,25 +47,28 @@ _TILES = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (32, 128, 4), 
 
 @functools.lru_cache(maxsize=None)
 def _kernels(min_br: int, fixed: Optional[tuple]):
-    """(stats, quant) launchers: one fixed tile (BLOCK_R x BLOCK_C, HOT_FAST_QTILE; always in the
-    interpreter), or with HOT_FAST_AUTOTUNE=1 on a GPU autotuned over _TILES (keyed by shape and
-    switches)."""
+    """(stats, quant) launchers, each called as launcher(grid_fn, args, meta): one fixed tile
+    (BLOCK_R x BLOCK_C, HOT_FAST_QTILE; always in the interpreter) launched through
+    hot.fast.launch.Direct, or with HOT_FAST_AUTOTUNE=1 on a GPU autotuned over _TILES (keyed by
+    shape and switches) through Triton's autotuner."""
     import triton
 
+    from .launch import Direct
     from .quant_kernels import quant_kernel, stats_kernel
 
     tiles = [fixed] if fixed else [t for t in _TILES if t[0] >= min_br]
     if fixed or _INTERP or not _AUTOTUNE:
         br, bc, w = tiles[0] if fixed else (max(BLOCK_R, min_br), BLOCK_C, NUM_WARPS)
-        meta = dict(BLOCK_R=br, BLOCK_C=bc, num_warps=w)
-        return (lambda g, *a, **k: stats_kernel[g](*a, **k, **meta),
-                lambda g, *a, **k: quant_kernel[g](*a, **k, **meta))
+        tile = dict(BLOCK_R=br, BLOCK_C=bc, num_warps=w)
+        st, qu = Direct(stats_kernel), Direct(quant_kernel)
+        return (lambda g, a, k: st(g(tile), *a, **k, **tile),
+                lambda g, a, k: qu(g(tile), *a, **k, **tile))
     cfgs = [triton.Config({"BLOCK_R": br, "BLOCK_C": bc}, num_warps=w) for br, bc, w in tiles]
     key = ["R", "C", "DO_HQ", "DO_HLA", "HQ_ROW", "HLA_ROW", "DOT_DTYPE"]
     # Short timing runs: the tile choice is coarse, and every new shape pays this once.
     st = triton.autotune(cfgs, key=key, warmup=5, rep=20)(stats_kernel)
     qu = triton.autotune(cfgs, key=key, warmup=5, rep=20)(quant_kernel)
-    return (lambda g, *a, **k: st[g](*a, **k), lambda g, *a, **k: qu[g](*a, **k))
+    return (lambda g, a, k: st[g](*a, **k), lambda g, a, k: qu[g](*a, **k))
 
 
 # Off by default: autotuning compiles every tile for every kernel specialization on first use
@@ -87,15 +91,15 @@ def scale_from_amax(amax: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.where(amax == 0, torch.ones_like(s), s)
 
 
-def _dot_types(x: torch.Tensor):
+def _dot_types_of(dtype: torch.dtype, dev: torch.device):
     """(Triton dot dtype name, input_precision) for the transform dots.
 
     bf16/fp16 inputs times the +-1/4 matrices are exact products, summed in fp32 by the tensor
     cores; fp32 inputs need a full-precision fp32 dot. The interpreter's bf16 dot is not exact,
     so it always uses fp32."""
-    if x.dtype == torch.float32 or _INTERP or x.device.type != "cuda":
+    if dtype == torch.float32 or _INTERP or dev.type != "cuda":
         return "fp32", "ieee"
-    return ("bf16" if x.dtype == torch.bfloat16 else "fp16"), "ieee"
+    return ("bf16" if dtype == torch.bfloat16 else "fp16"), "ieee"
 
 
 def _check(x: torch.Tensor, what: str) -> None:
@@ -116,49 +120,86 @@ def _tl_dtype(name: str):
     return _TL[name]
 
 
-def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
-    """Two launches over x (stats, then quantize) for HQ and/or HLA, plus one memset.
+class _Workspace:
+    """The epoch-tagged absmax vector of the stats kernel, reused across calls (no memset).
 
-    hq  = (bits, scale_mode, stochastic, seed)                    -> (q (R, C16), scale)
-    hla = (rank, selection, bits, scale_mode, stochastic, seed)   -> (q (C, L16/16*rank), scale)
-    Returns (hq_q, hq_s, hla_q, hla_s), None for a part not asked for. Both bits must be > 0.
-    No host sync and no torch glue ops: the scales are formed inside quant_kernel.
-    """
-    r, c = x.shape
-    dev = x.device
+    One per (device, stream): calls on one stream run in order, so a call's stats kernel never
+    overlaps the previous call's quantize kernel. Each call takes the next epoch; an entry tagged
+    with an older epoch loses to the first atomic_max of the new call (quant_kernels docstring)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.buf: dict = {}  # (device, stream) -> [int64 tensor, last epoch]
+
+    def take(self, dev: torch.device, n: int):
+        stream = torch._C._cuda_getCurrentRawStream(dev.index) if dev.type == "cuda" else 0
+        with self.lock:
+            e = self.buf.get((dev, stream))
+            if e is None or e[0].numel() < n or e[1] >= (1 << 31) - 2:
+                # Zeros: epoch 0 is never used, so fresh entries lose to the first call's values.
+                e = self.buf[(dev, stream)] = [torch.zeros(max(n, 1 << 14), dtype=torch.int64, device=dev), 0]
+            e[1] += 1
+            return e[0], e[1]
+
+
+_WS = _Workspace()
+
+
+@functools.lru_cache(maxsize=4096)
+def _pass_plan(r: int, c: int, dtype: torch.dtype, dev: torch.device, hq: Optional[tuple],
+               hla: Optional[tuple]):
+    """Everything about a g_y pass that does not depend on the data or the seeds (cached):
+    (sizes, matrices, launchers, grid function, constexpr switches of stats and quantize)."""
     c16, l16 = pad_to(c), pad_to(r)
     rank, selection = (hla[0], hla[1]) if hla else (BLOCK, "lowpass")
     rp = _pow2(rank)
     h16, t = _mats(dev, rank, selection)
     # tl.dot needs every dimension >= 16: the HLA dot has BLOCK_R / 16 * RP rows.
     stats, quant_ = _kernels(256 // rp if hla else 16, _FIXED)
-    dname, prec = _dot_types(x)
+    dname, prec = _dot_types_of(dtype, dev)
     hq_row = bool(hq and hq[1] == "row")
     hla_row = bool(hla and hla[3] == "row")
     nh = (r if hq_row else 1) if hq else 0
     nl = (c if hla_row else 1) if hla else 0
-    amax = torch.zeros(nh + nl + 1, dtype=torch.int32, device=dev)
-    hq_amax, hla_amax = amax, amax[nh:]
     lr = l16 // BLOCK * rank
     grid = lambda m: ((l16 + m["BLOCK_R"] - 1) // m["BLOCK_R"],  # noqa: E731
                       (c16 + m["BLOCK_C"] - 1) // m["BLOCK_C"])
     sw = dict(DO_HQ=hq is not None, DO_HLA=hla is not None, HQ_ROW=hq_row, HLA_ROW=hla_row,
               DOT_DTYPE=_tl_dtype(dname), PREC=prec, RP=rp)
-    stats(grid, x, x.stride(0), x.stride(1), r, c, h16, t, hq_amax, hla_amax, **sw)
+    qsw = dict(sw, RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
+               HQ_STOCH=bool(hq and hq[2]), HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0,
+               HLA_STOCH=bool(hla and hla[4]))
+    return dict(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, h16=h16, t=t, stats=stats, quant=quant_,
+                grid=grid, sw=sw, qsw=qsw)
+
+
+def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
+    """Two launches over x (stats, then quantize) for HQ and/or HLA; no memset, no host sync.
+
+    hq  = (bits, scale_mode, stochastic, seed)                    -> (q (R, C16), scale)
+    hla = (rank, selection, bits, scale_mode, stochastic, seed)   -> (q (C, L16/16*rank), scale)
+    Returns (hq_q, hq_s, hla_q, hla_s), None for a part not asked for. Both bits must be > 0.
+    The scales are formed inside quant_kernel.
+    """
+    r, c = x.shape
+    dev = x.device
+    p = _pass_plan(r, c, x.dtype, dev, hq[:3] if hq else None, hla[:5] if hla else None)
+    nh, nl = p["nh"], p["nl"]
+    amax, epoch = _WS.take(dev, nh + nl + 1)
+    hla_amax = amax[nh:] if nh else amax
+    base = (x, x.stride(0), x.stride(1), r, c, p["h16"], p["t"], amax, hla_amax)
+    p["stats"](p["grid"], base + (epoch,), p["sw"])
     hq_q = hq_s = hla_q = hla_s = None
     if hq:
-        hq_q = torch.empty((r, c16), dtype=torch.int8, device=dev)
+        hq_q = torch.empty((r, p["c16"]), dtype=torch.int8, device=dev)
         hq_s = torch.empty((nh, 1), dtype=torch.float32, device=dev)
     if hla:
-        hla_q = torch.empty((c, lr), dtype=torch.int8, device=dev)
+        hla_q = torch.empty((c, p["lr"]), dtype=torch.int8, device=dev)
         hla_s = torch.empty((nl, 1), dtype=torch.float32, device=dev)
-    quant_(grid, x, x.stride(0), x.stride(1), r, c, h16, t, hq_amax, hla_amax,
-           hq_q if hq else amax, hq_s if hq else amax, c16, _key(hq[3]) if hq else 0,
-           hla_q if hla else amax, hla_s if hla else amax, lr, l16 // BLOCK,
-           _key(hla[5]) if hla else 0,
-           RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0, HQ_STOCH=bool(hq and hq[2]),
-           HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0, HLA_STOCH=bool(hla and hla[4]),
-           **sw)
+    p["quant"](p["grid"], base + (
+        hq_q if hq else amax, hq_s if hq else amax, p["c16"], _key(hq[3]) if hq else 0,
+        hla_q if hla else amax, hla_s if hla else amax, p["lr"], p["l16"] // BLOCK,
+        _key(hla[5]) if hla else 0), p["qsw"])
     return hq_q, hq_s, hla_q, hla_s
 
 

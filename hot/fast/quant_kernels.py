@@ -4,9 +4,12 @@ One kernel body per phase serves hq_quantize, hla_quantize and the fused g_y pas
 loads one (BLOCK_R x BLOCK_C) tile of x and applies whichever transforms are switched on. Absmax
 scales need a global reduction, so a call is two launches over the same tiles:
 
-    stats_kernel: transform, fold the tile's absmax of each scale group into an int32 vector
-        with atomic_max on the bit pattern of |t| (non-negative floats order like their bit
-        patterns, and a NaN's pattern 0x7FC00000 exceeds +Inf's, so NaN wins: it propagates);
+    stats_kernel: transform, fold the tile's absmax of each scale group into an int64 vector
+        with atomic_max on (EPOCH << 32) | bit pattern of |t| (non-negative floats order like
+        their bit patterns, and a NaN's pattern 0x7FC00000 exceeds +Inf's, so NaN wins: it
+        propagates). EPOCH grows by one per call, so this call's first atomic_max on an entry
+        replaces whatever an earlier call left there: the vector is a reused workspace that
+        needs no zeroing (every entry a call reads is written by at least one of its tiles);
     quant_kernel: transform again, scale = amax / qmax (1 where amax == 0, NaN/Inf propagate,
         written out by the first program of each row/column), divide, round (hash-stream
         stochastic or half-even), store int8 codes.
@@ -63,8 +66,14 @@ def _abs_bits(t):
 
 
 @triton.jit
-def _scale(amax_bits, QMAX: tl.constexpr):
-    a = amax_bits.to(tl.float32, bitcast=True)
+def _tagged(a, epoch):
+    # (epoch << 32) | a for the epoch-tagged atomic max; a >= 0 (int32 bit pattern of |t|).
+    return (epoch.to(tl.int64) << 32) | a.to(tl.int64)
+
+
+@triton.jit
+def _scale(amax_tagged, QMAX: tl.constexpr):
+    a = (amax_tagged & 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
     return tl.where(a == 0.0, 1.0, tl.math.div_rn(a, tl.full(a.shape, QMAX, tl.float32)))
 
 
@@ -100,9 +109,9 @@ def _hla_z(x, t_ptr, BLOCK_R: tl.constexpr, ZR: tl.constexpr, RP: tl.constexpr,
     return tl.dot(tb.to(DOT_DTYPE), x, input_precision=PREC, out_dtype=tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])
 def stats_kernel(
-    x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr,
+    x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr, epoch,
     RP: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
@@ -117,16 +126,16 @@ def stats_kernel(
         # C16 are zero and change no max.
         a = tl.max(_abs_bits(_hq_t(x, hb_ptr, BLOCK_C, DOT_DTYPE, PREC)), axis=1)
         if HQ_ROW:
-            tl.atomic_max(hq_amax_ptr + rows, a, mask=rows < R, sem="relaxed")
+            tl.atomic_max(hq_amax_ptr + rows, _tagged(a, epoch), mask=rows < R, sem="relaxed")
         else:
-            tl.atomic_max(hq_amax_ptr, tl.max(a, axis=0), sem="relaxed")
+            tl.atomic_max(hq_amax_ptr, _tagged(tl.max(a, axis=0), epoch), sem="relaxed")
     if DO_HLA:
         # Rows of z for t >= rank come from zero rows of TB and blocks past L16 from zero input.
         a = tl.max(_abs_bits(_hla_z(x, tb_ptr, BLOCK_R, ZR, RP, DOT_DTYPE, PREC)), axis=0)
         if HLA_ROW:
-            tl.atomic_max(hla_amax_ptr + cols, a, mask=cols < C, sem="relaxed")
+            tl.atomic_max(hla_amax_ptr + cols, _tagged(a, epoch), mask=cols < C, sem="relaxed")
         else:
-            tl.atomic_max(hla_amax_ptr, tl.max(a, axis=0), sem="relaxed")
+            tl.atomic_max(hla_amax_ptr, _tagged(tl.max(a, axis=0), epoch), sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["hq_key", "hla_key"])
@@ -175,9 +184,16 @@ def quant_kernel(
                 tl.store(hla_s_ptr, s)
             v = tl.math.div_rn(z, tl.full(z.shape, 1.0, tl.float32) * s)
         k = tl.arange(0, ZR)
-        jb = pid_r * (BLOCK_R // 16) + k // RP
-        tk = k % RP
-        keep = (tk < RANK) & (jb < NBLK)
-        off = cols[None, :].to(tl.int64) * LR + (jb * RANK + tk)[:, None]
+        if RP == RANK:
+            # Power-of-two rank (every rank HLAConfig allows): the tile's codes of one column
+            # are ZR consecutive bytes, jb * RANK + tk == pid_r * ZR + k; written as such, the
+            # compiler sees the contiguity and vectorizes the stores.
+            keep = k < (NBLK - pid_r * (BLOCK_R // 16)) * RANK
+            off = cols[None, :].to(tl.int64) * LR + (pid_r * ZR + k)[:, None]
+        else:
+            jb = pid_r * (BLOCK_R // 16) + k // RP
+            tk = k % RP
+            keep = (tk < RANK) & (jb < NBLK)
+            off = cols[None, :].to(tl.int64) * LR + (jb * RANK + tk)[:, None]
         q = _round(v, off.to(tl.uint32), hla_key.to(tl.uint32, bitcast=True), HLA_QMAX, HLA_STOCH)
         tl.store(hla_q_ptr + off, q, mask=keep[:, None] & cmask[None, :])

@@ -133,3 +133,18 @@ def test_stochastic_rounding_unbiased(seed, bits):
     err = deq - t
     assert ((err / s) ** 2).mean().item() <= 1.5 / (4 * n)
     assert abs((err / s).mean().item()) <= 5 / (2 * (n * err.numel()) ** 0.5)
+
+
+def test_absmax_workspace_forgets_earlier_calls():
+    # The stats kernel's absmax vector is reused without zeroing (epoch-tagged, hot.fast.quant
+    # _Workspace): a call after one with 1e6 times larger values must still get its own scales.
+    big = torch.randn(48, 40, device=DEVICE) * 1e6
+    small = torch.randn(48, 40, device=DEVICE)
+    for mode in ("row", "tensor"):
+        fq.gy_quantize(big, 4, mode, False, 1, 8, "lowpass", 8, mode, False, 2)
+        q1, s1, q2, s2 = fq.gy_quantize(small, 4, mode, False, 1, 8, "lowpass", 8, mode, False, 2)
+        qr1, sr1 = ref.hq_quantize(small, 4, mode, False, 1)
+        qr2, sr2 = ref.hla_quantize(small, 8, "lowpass", 8, mode, False, 2)
+        torch.testing.assert_close(s1, sr1, rtol=1e-6, atol=0)
+        torch.testing.assert_close(s2, sr2, rtol=1e-6, atol=0)
+        assert (q1.int() - qr1.int()).abs().max() <= 1 and (q2.int() - qr2.int()).abs().max() <= 1

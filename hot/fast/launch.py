@@ -1,0 +1,75 @@
+"""Launch compiled Triton kernels without the JIT front end's per-call work.
+
+``kernel[grid](*args, **meta)`` binds every argument, computes Triton's specialization key (type,
+16-divisibility and ==1 of each int, 16-byte alignment of each pointer), hashes it with the
+options and looks the compiled kernel up; from Python that costs tens of microseconds per launch,
+which for HOT's small per-layer kernels is more than the kernels themselves (docs/performance.md).
+
+``Direct(kernel)`` keeps the compiled kernels in a dict keyed by a cheaper key that is at least as
+fine as Triton's (so a cached kernel is only reused for arguments Triton would have compiled the
+same way), and launches a hit through the compiled kernel's own launcher. A miss goes through
+``kernel[grid]`` (which compiles and launches) and caches what it returns. Under the Triton
+interpreter, or while a launch hook is installed (profilers), every call takes the normal path.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_I32 = (-(1 << 31), 1 << 31)
+
+
+def _spec(v):
+    """A hashable summary of one argument that determines Triton's specialization of it."""
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0, v.device.index)
+    if isinstance(v, bool):
+        return ("b", v)
+    if isinstance(v, int):
+        return ("i", v == 1, v % 16 == 0, _I32[0] <= v < _I32[1], v >= 1 << 63)
+    return v  # constexprs (numbers, strings, tl dtypes) and floats: the value itself
+
+
+class Direct:
+    """``Direct(jit_fn)(grid, *args, **meta)`` == ``jit_fn[grid](*args, **meta)``.
+
+    The positional arguments come first in the kernel's signature order; every later parameter
+    is passed by name in ``meta`` (no defaults are filled in)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.names = list(fn.arg_names)
+        self.cache: dict = {}
+
+    def __call__(self, grid, *args, **meta):
+        if _INTERP or _hooks():
+            self.fn[grid](*args, **meta)
+            return
+        full = args + tuple(meta[n] for n in self.names[len(args):])
+        key = tuple(map(_spec, full))
+        k = self.cache.get(key)
+        if k is None:
+            # Triton compiles (or finds) the kernel for exactly these arguments and launches it.
+            self.cache[key] = self.fn[grid](*args, **meta)
+            return
+        dev = next(a.device.index for a in args if isinstance(a, torch.Tensor))
+        stream = torch._C._cuda_getCurrentRawStream(dev)
+        g1 = grid[1] if len(grid) > 1 else 1
+        g2 = grid[2] if len(grid) > 2 else 1
+        k.run(grid[0], g1, g2, stream, k.function, k.packed_metadata, None, None, None, *full)
+
+
+_KNOBS = []
+
+
+def _hooks() -> bool:
+    """Whether a launch hook is installed (a triton.knobs HookChain with calls, or a callable)."""
+    if not _KNOBS:
+        from triton import knobs
+
+        _KNOBS.append(knobs.runtime)
+    rt = _KNOBS[0]
+    return any(bool(getattr(h, "calls", h)) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
