@@ -2,6 +2,15 @@
 // that includes torch: it checks every input, pads awkward shapes, chunks long K, allocates the
 // outputs and hands raw pointers to the kernels in the .cu files.
 //
+// Error convention: no C++ exception leaves this module. On the H200 machine (torch 2.11, JIT
+// build) every exception thrown out of a binding function crashed the interpreter with SIGSEGV
+// instead of becoming a Python exception (docs/kernels.md, "The pack_int4 segfault"). So the
+// checks below build error strings instead of throwing, every exported function returns
+// (result, err) with err empty on success, and a try/catch around each body turns whatever a
+// torch call throws (allocation failures) into an err as well. err starts with the Python class
+// the wrapper raises: "ValueError: " (a bad argument), "RuntimeError: " (wrong GPU, build,
+// kernel failure) or "OutOfMemoryError: "; hot/fast/_ext.py unpacks it and raises.
+//
 // c10/cuda/CUDAStream.h rather than ATen/cuda/CUDAContext.h: the latter pulls cuBLAS/cuSPARSE
 // headers that a bare CUDA toolkit may lack (kernel_tech.md section 5).
 #include <torch/extension.h>
@@ -12,6 +21,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cutlass/version.h"
@@ -32,6 +42,47 @@ namespace {
 constexpr int64_t kMaxKInt8 = 130816;
 constexpr int64_t kMaxKInt4 = 33554176;
 constexpr int64_t kScalePad = 256;  // scale vectors are padded so vector loads never leave them
+
+// What every exported function returns: the result (undefined on error, None in Python) and an
+// error string, empty on success.
+using Result = std::tuple<torch::Tensor, std::string>;
+
+Result ok(torch::Tensor t) { return Result(std::move(t), std::string()); }
+Result fail(std::string err) { return Result(torch::Tensor(), std::move(err)); }
+
+// Error strings, prefixed with the Python class _ext.py raises. c10::str formats like
+// TORCH_CHECK did, so the messages are unchanged.
+template <typename... Args>
+std::string value_error(const Args&... args) { return c10::str("ValueError: ", args...); }
+template <typename... Args>
+std::string runtime_error(const Args&... args) { return c10::str("RuntimeError: ", args...); }
+
+// A check that returns its error string instead of throwing; used inside functions returning
+// std::string (empty = ok).
+#define HOT_REQUIRE(cond, ...) \
+  do { if (!(cond)) return value_error(__VA_ARGS__); } while (0)
+// Propagates a non-empty error string out of a function returning Result.
+#define HOT_PROPAGATE(expr) \
+  do { std::string hot_err_ = (expr); if (!hot_err_.empty()) return fail(std::move(hot_err_)); } while (0)
+
+// Runs `body` (returning Result) and turns anything it throws into an error string: torch calls
+// inside (allocation, copies, .item()) may throw, and catching here, inside the same shared
+// object, keeps the exception from crossing the module boundary. c10::Error's
+// what_without_backtrace() drops the C++ stack trace torch appends to what().
+template <typename F>
+Result guarded(const char* fn, F&& body) {
+  try {
+    return body();
+  } catch (const c10::OutOfMemoryError& e) {
+    return fail(c10::str("OutOfMemoryError: hot.fast._C.", fn, ": ", e.what_without_backtrace()));
+  } catch (const c10::Error& e) {
+    return fail(runtime_error("hot.fast._C.", fn, ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return fail(runtime_error("hot.fast._C.", fn, ": ", e.what()));
+  } catch (...) {
+    return fail(runtime_error("hot.fast._C.", fn, ": unknown C++ exception"));
+  }
+}
 
 enum class Kind { kS8Sm90, kS8Sm80, kS4Sm80 };
 
@@ -81,66 +132,80 @@ bool runs_on(int major, int minor) {
   return false;
 }
 
-void check_device(Kind kind, const torch::Device& dev) {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev.index());
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev.index());
+// The device and the build, not the arguments, are at fault here: RuntimeError.
+std::string check_device(Kind kind, const torch::Device& dev) {
   const std::string where = std::string("hot.fast._C.") + kind_name(kind) + ": ";
-  if (kind == Kind::kS8Sm90) {
-    TORCH_CHECK(sm90a_built(), where, "this build has no sm_90a code (archs: ", arch_list(),
-                "); rebuild with TORCH_CUDA_ARCH_LIST containing 9.0a, or use gemm_s8s8_sm80");
-    TORCH_CHECK(major == 9 && minor == 0, where, "needs a Hopper GPU (compute capability 9.0), got ",
-                major, ".", minor, " on ", dev, "; use gemm_s8s8_sm80 there");
-  } else {
-    TORCH_CHECK(major >= 8, where, "needs compute capability >= 8.0 (Ampere), got ", major, ".", minor,
-                " on ", dev, "; use backend='reference'");
-    TORCH_CHECK(runs_on(major, minor), where, "this build has no code for compute capability ", major, ".",
-                minor, " (archs: ", arch_list(), "); rebuild with it in TORCH_CUDA_ARCH_LIST");
+  int major = 0, minor = 0;
+  cudaError_t st = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev.index());
+  if (st == cudaSuccess) st = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev.index());
+  if (st != cudaSuccess) {
+    return runtime_error(where, "cannot read the compute capability of ", dev, ": ", cudaGetErrorString(st));
   }
+  if (kind == Kind::kS8Sm90) {
+    if (!sm90a_built())
+      return runtime_error(where, "this build has no sm_90a code (archs: ", arch_list(),
+                           "); rebuild with TORCH_CUDA_ARCH_LIST containing 9.0a, or use gemm_s8s8_sm80");
+    if (!(major == 9 && minor == 0))
+      return runtime_error(where, "needs a Hopper GPU (compute capability 9.0), got ", major, ".", minor,
+                           " on ", dev, "; use gemm_s8s8_sm80 there");
+  } else {
+    if (major < 8)
+      return runtime_error(where, "needs compute capability >= 8.0 (Ampere), got ", major, ".", minor,
+                           " on ", dev, "; use backend='reference'");
+    if (!runs_on(major, minor))
+      return runtime_error(where, "this build has no code for compute capability ", major, ".", minor,
+                           " (archs: ", arch_list(), "); rebuild with it in TORCH_CUDA_ARCH_LIST");
+  }
+  return std::string();
 }
 
 // An operand: 2-D, on `dev`, of `dtype`, K contiguous, rows 16-byte aligned.
-void check_operand(Kind kind, const char* name, const torch::Tensor& t, torch::ScalarType dtype,
-                   const std::optional<torch::Device>& dev, int64_t per_byte, int64_t align) {
+std::string check_operand(Kind kind, const char* name, const torch::Tensor& t, torch::ScalarType dtype,
+                          const std::optional<torch::Device>& dev, int64_t per_byte, int64_t align) {
   const std::string where = std::string("hot.fast._C.") + kind_name(kind) + ": ";
-  TORCH_CHECK(t.is_cuda(), where, name, " must be a CUDA tensor, got one on ", t.device(),
+  HOT_REQUIRE(t.is_cuda(), where, name, " must be a CUDA tensor, got one on ", t.device(),
               "; move the operands to the GPU or use backend='reference'");
-  if (dev) TORCH_CHECK(t.device() == *dev, where, name, " is on ", t.device(), " but a is on ", *dev);
-  TORCH_CHECK(t.scalar_type() == dtype, where, name, " must be ", dtype == torch::kUInt8 ? "uint8 (packed int4, see pack_int4)" : "int8",
-              ", got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 2, where, name, " must be 2-D, got shape ", t.sizes());
-  TORCH_CHECK(t.size(1) * per_byte % align == 0, where, "K = ", t.size(1) * per_byte, " (", name,
+  if (dev) HOT_REQUIRE(t.device() == *dev, where, name, " is on ", t.device(), " but a is on ", *dev);
+  HOT_REQUIRE(t.scalar_type() == dtype, where, name, " must be ",
+              dtype == torch::kUInt8 ? "uint8 (packed int4, see pack_int4)" : "int8", ", got ", t.scalar_type());
+  HOT_REQUIRE(t.dim() == 2, where, name, " must be 2-D, got shape ", t.sizes());
+  HOT_REQUIRE(t.size(1) * per_byte % align == 0, where, "K = ", t.size(1) * per_byte, " (", name,
               ") is not a multiple of ", align, "; pad both operands with zero codes along K",
               per_byte == 2 ? " (pack_int4 pads to 32)" : "");
-  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, where, name,
+  HOT_REQUIRE(t.size(1) <= 1 || t.stride(1) == 1, where, name,
               " must be contiguous along K (stride(1) == 1), got strides ", t.strides(), "; call .contiguous()");
-  TORCH_CHECK(t.size(0) <= 1 || t.size(1) == 0 || t.stride(0) % 16 == 0, where, name, " row stride ", t.stride(0),
+  HOT_REQUIRE(t.size(0) <= 1 || t.size(1) == 0 || t.stride(0) % 16 == 0, where, name, " row stride ", t.stride(0),
               " bytes is not a multiple of 16; call .contiguous() after padding K");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, where, name,
+  HOT_REQUIRE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, where, name,
               " data pointer is not 16-byte aligned; call .clone()");
-  TORCH_CHECK(t.size(0) < (int64_t(1) << 31), where, name, " has ", t.size(0), " rows; at most 2^31 - 1");
+  HOT_REQUIRE(t.size(0) < (int64_t(1) << 31), where, name, " has ", t.size(0), " rows; at most 2^31 - 1");
+  return std::string();
 }
 
-// A scale: fp32 of shape (rows, 1) or (1, 1), returned as a contiguous vector of `rows` values
-// padded with zeros to a multiple of kScalePad.
-torch::Tensor scale_vector(Kind kind, const char* name, const torch::Tensor& s, int64_t rows,
-                           const torch::Device& dev) {
+// A scale: fp32 of shape (rows, 1) or (1, 1) on `dev`.
+std::string check_scale(Kind kind, const char* name, const torch::Tensor& s, int64_t rows,
+                        const torch::Device& dev) {
   const std::string where = std::string("hot.fast._C.") + kind_name(kind) + ": ";
-  TORCH_CHECK(s.device() == dev, where, name, " is on ", s.device(), ", the operands on ", dev);
-  TORCH_CHECK(s.scalar_type() == torch::kFloat32, where, name, " must be float32, got ", s.scalar_type());
-  TORCH_CHECK(s.dim() == 2 && s.size(1) == 1 && (s.size(0) == rows || s.size(0) == 1), where, name,
+  HOT_REQUIRE(s.device() == dev, where, name, " is on ", s.device(), ", the operands on ", dev);
+  HOT_REQUIRE(s.scalar_type() == torch::kFloat32, where, name, " must be float32, got ", s.scalar_type());
+  HOT_REQUIRE(s.dim() == 2 && s.size(1) == 1 && (s.size(0) == rows || s.size(0) == 1), where, name,
               " must have shape (", rows, ", 1) or (1, 1), got ", s.sizes());
+  return std::string();
+}
+
+// A checked scale as a contiguous vector of `rows` values padded with zeros to a multiple of
+// kScalePad.
+torch::Tensor scale_vector(const torch::Tensor& s, int64_t rows) {
   torch::Tensor v = torch::zeros({round_up(std::max<int64_t>(rows, 1), kScalePad)}, s.options());
   v.narrow(0, 0, rows).copy_(s.reshape({-1}).expand({rows}));
   return v;
 }
 
-torch::ScalarType out_scalar_type(const std::string& name, hot::OutType* t) {
-  if (name == "float32") { *t = hot::OutType::kF32; return torch::kFloat32; }
-  if (name == "bfloat16") { *t = hot::OutType::kBF16; return torch::kBFloat16; }
-  if (name == "float16") { *t = hot::OutType::kF16; return torch::kFloat16; }
-  TORCH_CHECK(false, "hot.fast._C: out_dtype must be 'float32', 'bfloat16' or 'float16', got '", name, "'");
-  return torch::kFloat32;
+std::string out_scalar_type(const std::string& name, hot::OutType* t, torch::ScalarType* dt) {
+  if (name == "float32") { *t = hot::OutType::kF32; *dt = torch::kFloat32; return std::string(); }
+  if (name == "bfloat16") { *t = hot::OutType::kBF16; *dt = torch::kBFloat16; return std::string(); }
+  if (name == "float16") { *t = hot::OutType::kF16; *dt = torch::kFloat16; return std::string(); }
+  return value_error("hot.fast._C: out_dtype must be 'float32', 'bfloat16' or 'float16', got '", name, "'");
 }
 
 const char* launch(Kind kind, hot::GemmArgs& g, const torch::TensorOptions& opts) {
@@ -165,33 +230,41 @@ const char* launch(Kind kind, hot::GemmArgs& g, const torch::TensorOptions& opts
 
 // out = (a @ b^T) * sa * sb^T for codes a (M, K) and b (N, K); see hot/fast/_ext.py for the
 // exact rounding. K is split into chunks of at most max_k (0: the overflow bound) whose
-// dequantized fp32 partials are summed in order.
-torch::Tensor scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& sa,
-                          const torch::Tensor& sb, const std::string& out_dtype, int64_t max_k) {
+// dequantized fp32 partials are summed in order. Call it inside guarded(): torch calls throw.
+Result scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& sa,
+                   const torch::Tensor& sb, const std::string& out_dtype, int64_t max_k) {
   const bool int4 = kind == Kind::kS4Sm80;
   const auto in_dtype = int4 ? torch::kUInt8 : torch::kInt8;
   const int64_t per_byte = int4 ? 2 : 1;
   const int64_t align = int4 ? 32 : 16;
   const std::string where = std::string("hot.fast._C.") + kind_name(kind) + ": ";
 
-  check_operand(kind, "a", a, in_dtype, std::nullopt, per_byte, align);
+  HOT_PROPAGATE(check_operand(kind, "a", a, in_dtype, std::nullopt, per_byte, align));
   const torch::Device dev = a.device();
-  check_operand(kind, "b", b, in_dtype, dev, per_byte, align);
+  HOT_PROPAGATE(check_operand(kind, "b", b, in_dtype, dev, per_byte, align));
   hot::OutType otype;
-  const torch::ScalarType odt = out_scalar_type(out_dtype, &otype);
+  torch::ScalarType odt;
+  HOT_PROPAGATE(out_scalar_type(out_dtype, &otype, &odt));
   const int64_t M = a.size(0), N = b.size(0), K = a.size(1) * per_byte;
-  TORCH_CHECK(b.size(1) * per_byte == K, where, "a is (", M, ", ", K, ") and b is (", N, ", ", b.size(1) * per_byte,
-              ") codes: the K dimensions differ");
+  if (b.size(1) * per_byte != K) {
+    return fail(value_error(where, "a is (", M, ", ", K, ") and b is (", N, ", ", b.size(1) * per_byte,
+                            ") codes: the K dimensions differ"));
+  }
+  HOT_PROPAGATE(check_scale(kind, "sa", sa, M, dev));
+  HOT_PROPAGATE(check_scale(kind, "sb", sb, N, dev));
+  int64_t kc = max_k > 0 ? std::min(max_k, int4 ? kMaxKInt4 : kMaxKInt8) : (int4 ? kMaxKInt4 : kMaxKInt8);
+  kc = kc / align * align;
+  if (kc < align) return fail(value_error(where, "max_k = ", max_k, " is below the K alignment ", align));
 
   c10::cuda::CUDAGuard guard(dev);
-  check_device(kind, dev);
+  HOT_PROPAGATE(check_device(kind, dev));
   auto fopts = torch::TensorOptions().device(dev).dtype(torch::kFloat32);
-  torch::Tensor sa_v = scale_vector(kind, "sa", sa, M, dev);
-  torch::Tensor sb_v = scale_vector(kind, "sb", sb, N, dev);
+  torch::Tensor sa_v = scale_vector(sa, M);
+  torch::Tensor sb_v = scale_vector(sb, N);
   if (M == 0 || N == 0 || K == 0) {
     // No products: the sum is exactly 0, still scaled so NaN/Inf scales propagate as in the reference.
     auto z = torch::zeros({M, N}, fopts) * sa_v.narrow(0, 0, M).unsqueeze(1) * sb_v.narrow(0, 0, N).unsqueeze(0);
-    return z.to(odt);
+    return ok(z.to(odt));
   }
 
   // The kernels want N (the output row) a multiple of 16: pad b with zero rows.
@@ -201,10 +274,6 @@ torch::Tensor scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor
     bp = torch::zeros({Np, b.size(1)}, b.options());
     bp.narrow(0, 0, N).copy_(b);
   }
-
-  int64_t kc = max_k > 0 ? std::min(max_k, int4 ? kMaxKInt4 : kMaxKInt8) : (int4 ? kMaxKInt4 : kMaxKInt8);
-  kc = kc / align * align;
-  TORCH_CHECK(kc >= align, where, "max_k = ", max_k, " is below the K alignment ", align);
   const int64_t nchunks = (K + kc - 1) / kc;
 
   hot::GemmArgs g;
@@ -234,34 +303,39 @@ torch::Tensor scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor
       g.out_type = hot::OutType::kF32;
     }
     const char* err = launch(kind, g, fopts);
-    TORCH_CHECK(err == nullptr, where, err, " (M=", M, ", N=", N, ", K=", K, ", chunk K=", kl, ")");
+    if (err != nullptr) {
+      return fail(runtime_error(where, err, " (M=", M, ", N=", N, ", K=", K, ", chunk K=", kl, ")"));
+    }
     if (c > 0) out.add_(part);
   }
   if (nchunks > 1) out = out.to(odt);
   if (Np != N) out = out.narrow(1, 0, N).contiguous();
-  return out;
+  return ok(out);
 }
 
-torch::Tensor gemm_s8s8_sm90(torch::Tensor a, torch::Tensor b, torch::Tensor sa, torch::Tensor sb,
-                             std::string out_dtype, int64_t max_k) {
-  return scaled_gemm(Kind::kS8Sm90, a, b, sa, sb, out_dtype, max_k);
+Result gemm_s8s8_sm90(torch::Tensor a, torch::Tensor b, torch::Tensor sa, torch::Tensor sb,
+                      std::string out_dtype, int64_t max_k) {
+  return guarded("gemm_s8s8_sm90", [&] { return scaled_gemm(Kind::kS8Sm90, a, b, sa, sb, out_dtype, max_k); });
 }
-torch::Tensor gemm_s8s8_sm80(torch::Tensor a, torch::Tensor b, torch::Tensor sa, torch::Tensor sb,
-                             std::string out_dtype, int64_t max_k) {
-  return scaled_gemm(Kind::kS8Sm80, a, b, sa, sb, out_dtype, max_k);
+Result gemm_s8s8_sm80(torch::Tensor a, torch::Tensor b, torch::Tensor sa, torch::Tensor sb,
+                      std::string out_dtype, int64_t max_k) {
+  return guarded("gemm_s8s8_sm80", [&] { return scaled_gemm(Kind::kS8Sm80, a, b, sa, sb, out_dtype, max_k); });
 }
-torch::Tensor gemm_s4s4_sm80(torch::Tensor a, torch::Tensor b, torch::Tensor sa, torch::Tensor sb,
-                             std::string out_dtype, int64_t max_k) {
-  return scaled_gemm(Kind::kS4Sm80, a, b, sa, sb, out_dtype, max_k);
+Result gemm_s4s4_sm80(torch::Tensor a, torch::Tensor b, torch::Tensor sa, torch::Tensor sb,
+                      std::string out_dtype, int64_t max_k) {
+  return guarded("gemm_s4s4_sm80", [&] { return scaled_gemm(Kind::kS4Sm80, a, b, sa, sb, out_dtype, max_k); });
 }
 
 // codes (R, K) int8 in [-8, 7] -> (R, ceil(K / 32) * 16) uint8, zero codes past K.
-torch::Tensor pack_int4(torch::Tensor codes, bool check) {
+Result pack_int4_impl(const torch::Tensor& codes, bool check) {
   const std::string where = "hot.fast._C.pack_int4: ";
-  TORCH_CHECK(codes.is_cuda(), where, "codes must be a CUDA tensor, got one on ", codes.device());
-  TORCH_CHECK(codes.scalar_type() == torch::kInt8, where, "codes must be int8, got ", codes.scalar_type());
-  TORCH_CHECK(codes.dim() == 2, where, "codes must be 2-D (rows, K), got shape ", codes.sizes());
-  TORCH_CHECK(codes.size(1) <= 1 || codes.stride(1) == 1, where, "codes must be contiguous along K; call .contiguous()");
+  if (!codes.is_cuda())
+    return fail(value_error(where, "codes must be a CUDA tensor, got one on ", codes.device()));
+  if (codes.scalar_type() != torch::kInt8)
+    return fail(value_error(where, "codes must be int8, got ", codes.scalar_type()));
+  if (codes.dim() != 2) return fail(value_error(where, "codes must be 2-D (rows, K), got shape ", codes.sizes()));
+  if (!(codes.size(1) <= 1 || codes.stride(1) == 1))
+    return fail(value_error(where, "codes must be contiguous along K; call .contiguous()"));
   c10::cuda::CUDAGuard guard(codes.device());
   const int64_t R = codes.size(0), K = codes.size(1), Kp = round_up(K, 32);
   auto packed = torch::empty({R, Kp / 2}, codes.options().dtype(torch::kUInt8));
@@ -270,56 +344,81 @@ torch::Tensor pack_int4(torch::Tensor codes, bool check) {
   auto stream = c10::cuda::getCurrentCUDAStream(codes.device().index()).stream();
   const char* err = hot::pack_int4(codes.data_ptr<int8_t>(), R, K, R > 1 ? codes.stride(0) : K,
                                    packed.data_ptr<uint8_t>(), Kp, check ? flag.data_ptr<int>() : nullptr, stream);
-  TORCH_CHECK(err == nullptr, where, err);
-  if (check) {
-    TORCH_CHECK(flag.item<int>() == 0, where, "codes outside the int4 range [-8, 7] (a ", R, "x", K,
-                " tensor); quantize to 4 bits first, or use the int8 GEMM");
+  if (err != nullptr) return fail(runtime_error(where, err));
+  // .item() syncs the device (the reason check=False exists) and may throw: guarded() catches.
+  if (check && flag.item<int>() != 0) {
+    return fail(value_error(where, "codes outside the int4 range [-8, 7] (a ", R, "x", K,
+                            " tensor); quantize to 4 bits first, or use the int8 GEMM"));
   }
-  return packed;
+  return ok(packed);
+}
+
+Result pack_int4(torch::Tensor codes, bool check) {
+  return guarded("pack_int4", [&] { return pack_int4_impl(codes, check); });
 }
 
 // packed (R, B) uint8 -> codes (R, k) int8, k <= 2 B.
-torch::Tensor unpack_int4(torch::Tensor packed, int64_t k) {
+Result unpack_int4_impl(const torch::Tensor& packed, int64_t k) {
   const std::string where = "hot.fast._C.unpack_int4: ";
-  TORCH_CHECK(packed.is_cuda(), where, "packed must be a CUDA tensor, got one on ", packed.device());
-  TORCH_CHECK(packed.scalar_type() == torch::kUInt8, where, "packed must be uint8, got ", packed.scalar_type());
-  TORCH_CHECK(packed.dim() == 2, where, "packed must be 2-D, got shape ", packed.sizes());
-  TORCH_CHECK(packed.size(1) <= 1 || packed.stride(1) == 1, where, "packed must be contiguous along its columns");
-  TORCH_CHECK(k >= 0 && k <= 2 * packed.size(1), where, "k = ", k, " must lie in [0, ", 2 * packed.size(1), "]");
+  if (!packed.is_cuda())
+    return fail(value_error(where, "packed must be a CUDA tensor, got one on ", packed.device()));
+  if (packed.scalar_type() != torch::kUInt8)
+    return fail(value_error(where, "packed must be uint8, got ", packed.scalar_type()));
+  if (packed.dim() != 2) return fail(value_error(where, "packed must be 2-D, got shape ", packed.sizes()));
+  if (!(packed.size(1) <= 1 || packed.stride(1) == 1))
+    return fail(value_error(where, "packed must be contiguous along its columns"));
+  if (!(k >= 0 && k <= 2 * packed.size(1)))
+    return fail(value_error(where, "k = ", k, " must lie in [0, ", 2 * packed.size(1), "]"));
   c10::cuda::CUDAGuard guard(packed.device());
   const int64_t R = packed.size(0);
   auto codes = torch::empty({R, k}, packed.options().dtype(torch::kInt8));
   auto stream = c10::cuda::getCurrentCUDAStream(packed.device().index()).stream();
   const char* err = hot::unpack_int4(packed.data_ptr<uint8_t>(), R, k, R > 1 ? packed.stride(0) : packed.size(1),
                                      codes.data_ptr<int8_t>(), stream);
-  TORCH_CHECK(err == nullptr, where, err);
-  return codes;
+  if (err != nullptr) return fail(runtime_error(where, err));
+  return ok(codes);
 }
 
-pybind11::dict info() {
-  pybind11::dict d;
-  d["archs"] = arch_list();
-  d["sm90a"] = sm90a_built();
-  d["max_k_int8"] = kMaxKInt8;
-  d["max_k_int4"] = kMaxKInt4;
-  d["cutlass_version"] = std::to_string(CUTLASS_MAJOR) + "." + std::to_string(CUTLASS_MINOR) + "." + std::to_string(CUTLASS_PATCH);
-  return d;
+Result unpack_int4(torch::Tensor packed, int64_t k) {
+  return guarded("unpack_int4", [&] { return unpack_int4_impl(packed, k); });
+}
+
+// (dict, err) like the other entry points: building the dict allocates Python objects, which
+// pybind11 reports by throwing.
+std::tuple<pybind11::object, std::string> info() {
+  try {
+    pybind11::dict d;
+    d["archs"] = arch_list();
+    d["sm90a"] = sm90a_built();
+    d["max_k_int8"] = kMaxKInt8;
+    d["max_k_int4"] = kMaxKInt4;
+    d["cutlass_version"] = std::to_string(CUTLASS_MAJOR) + "." + std::to_string(CUTLASS_MINOR) + "." +
+                           std::to_string(CUTLASS_PATCH);
+    return {std::move(d), std::string()};
+  } catch (const std::exception& e) {
+    return {pybind11::none(), runtime_error("hot.fast._C.info: ", e.what())};
+  } catch (...) {
+    return {pybind11::none(), runtime_error("hot.fast._C.info: unknown C++ exception")};
+  }
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "hot CUDA kernels: CUTLASS integer GEMMs with dequantizing epilogues, int4 packing";
-  m.def("gemm_s8s8_sm90", &gemm_s8s8_sm90, "int8 wgmma GEMM (sm_90a) with row/column scales",
+  m.doc() = "hot CUDA kernels: CUTLASS integer GEMMs with dequantizing epilogues, int4 packing. "
+            "Every function returns (result, err): err is '' on success, else 'ValueError: ...', "
+            "'RuntimeError: ...' or 'OutOfMemoryError: ...' and result is None; hot.fast._ext raises it.";
+  m.def("gemm_s8s8_sm90", &gemm_s8s8_sm90, "int8 wgmma GEMM (sm_90a) with row/column scales -> (out, err)",
         pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("sa"), pybind11::arg("sb"),
         pybind11::arg("out_dtype"), pybind11::arg("max_k") = 0);
-  m.def("gemm_s8s8_sm80", &gemm_s8s8_sm80, "int8 mma.sync GEMM (sm_80+) with row/column scales",
+  m.def("gemm_s8s8_sm80", &gemm_s8s8_sm80, "int8 mma.sync GEMM (sm_80+) with row/column scales -> (out, err)",
         pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("sa"), pybind11::arg("sb"),
         pybind11::arg("out_dtype"), pybind11::arg("max_k") = 0);
-  m.def("gemm_s4s4_sm80", &gemm_s4s4_sm80, "packed int4 mma.sync GEMM (sm_80+) with row/column scales",
+  m.def("gemm_s4s4_sm80", &gemm_s4s4_sm80, "packed int4 mma.sync GEMM (sm_80+) with row/column scales -> (out, err)",
         pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("sa"), pybind11::arg("sb"),
         pybind11::arg("out_dtype"), pybind11::arg("max_k") = 0);
-  m.def("pack_int4", &pack_int4, "int8 codes -> packed int4", pybind11::arg("codes"), pybind11::arg("check") = true);
-  m.def("unpack_int4", &unpack_int4, "packed int4 -> int8 codes", pybind11::arg("packed"), pybind11::arg("k"));
-  m.def("info", &info, "build facts: archs, sm90a, max_k_int8, max_k_int4, cutlass_version");
+  m.def("pack_int4", &pack_int4, "int8 codes -> (packed int4, err)", pybind11::arg("codes"),
+        pybind11::arg("check") = true);
+  m.def("unpack_int4", &unpack_int4, "packed int4 -> (int8 codes, err)", pybind11::arg("packed"), pybind11::arg("k"));
+  m.def("info", &info, "(build facts: archs, sm90a, max_k_int8, max_k_int4, cutlass_version; err)");
 }

@@ -46,7 +46,7 @@ case " $what " in *" tests "*|*" all "*)
 import torch; from hot.fast import _ext; m = _ext.load()
 c = torch.zeros(4, 32, dtype=torch.int8, device='cuda'); c[2, 5] = 8
 try:
-    m.pack_int4(c, True); print('pack_int4 binding check: no error raised')
+    out, err = m.pack_int4(c, True); print('pack_int4 binding check returned (no exception):', err[:120] or 'NO ERROR (wrong)')
 except RuntimeError as e:
     print('pack_int4 binding check raised:', str(e)[:120])
 " 2>&1 | tail -8 | tee "$OUT/pack_diag.log"

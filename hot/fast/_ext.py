@@ -19,6 +19,15 @@ Interface for the fast backend (all tensors on one CUDA device; nothing here run
         int4 mma.sync GEMM on pack_int4 output; native on 8.x, emulated (~24x slower) on 9.0.
     pack_int4(codes, check=True) -> packed;  unpack_int4(packed, k) -> codes
     max_k(kind) -> int;  info() -> dict
+    result_or_raise(ret) -> result
+        For callers of the raw module: its functions return (result, err) (see Errors below).
+
+Errors: no C++ exception leaves the raw module (on the H200 machine one thrown out of it crashed
+the interpreter; docs/kernels.md). Each of its functions returns (result, err): err is '' on
+success, else "<Class>: <message>" with result None. The wrappers here raise it: ValueError for
+a bad argument (the message names the function, the argument, its value and the fix),
+RuntimeError for a GPU or build that cannot run the kernel or a kernel that failed, and
+torch.OutOfMemoryError when an allocation inside the binding failed.
 
 The three GEMMs share one contract, that of hot.common.ops.int_gemm_nt with exact integer sums:
     a: (M, K) codes, b: (N, K) codes, both K-contiguous with 16-byte aligned rows and data
@@ -49,6 +58,10 @@ _LOCK = threading.Lock()
 _STATE: dict = {}  # "module": ModuleType | None, "reason": str | None
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+# The class names csrc/binding.cpp puts before ": " in its error strings.
+_ERROR_CLASSES = {"ValueError": ValueError, "RuntimeError": RuntimeError,
+                  "OutOfMemoryError": torch.OutOfMemoryError}
 
 
 def _csrc_dir() -> str:
@@ -138,6 +151,18 @@ def _import_prebuilt() -> ModuleType:
     return importlib.import_module("hot.fast._C")
 
 
+def _stale_reason(module: ModuleType) -> Optional[str]:
+    """Why ``module`` cannot be used with these wrappers, or None. A module built from sources
+    older than the (result, err) convention returns bare results, which result_or_raise would
+    misread (a 2-row tensor unpacks into two rows): refuse it at load time instead."""
+    ret = module.info()
+    if not (isinstance(ret, tuple) and len(ret) == 2):
+        return (f"stale build: {getattr(module, '__file__', module)} predates the (result, err) error "
+                "convention of csrc/binding.cpp; rebuild it (pip install --no-build-isolation -e ., "
+                "or delete the JIT cache)")
+    return None
+
+
 def load() -> Optional[ModuleType]:
     """The extension module, or None (then why_unavailable() says why). Cached."""
     with _LOCK:
@@ -146,13 +171,18 @@ def load() -> Optional[ModuleType]:
         module, reason = None, None
         try:
             module = _import_prebuilt()
+            reason = _stale_reason(module)
+            if reason is not None:
+                module = None
         except ImportError as e:
             missing = isinstance(e, ModuleNotFoundError) and e.name == "hot.fast._C"
             reason = _not_built_reason() if missing else f"import failed: {e}"
         if module is None and os.environ.get("HOT_JIT_BUILD", "") == "1":
             try:
                 module = jit_build()
-                reason = None
+                reason = _stale_reason(module)
+                if reason is not None:
+                    module = None
             except Exception as e:  # reported through why_unavailable, never silently used
                 reason = f"{reason}; JIT build failed: {type(e).__name__}: {e}"
         _STATE["module"], _STATE["reason"] = module, reason
@@ -172,7 +202,7 @@ def why_unavailable(kernel: Optional[str] = None, device: Optional[torch.device]
         return None
     if kernel not in ("sm90", "sm80"):
         raise ValueError(f"kernel must be None, 'sm90' or 'sm80', got {kernel!r}")
-    info = mod.info()
+    info = result_or_raise(mod.info())
     if kernel == "sm90" and not info["sm90a"]:
         return f"built without sm_90a (archs {info['archs']}); rebuild with TORCH_CUDA_ARCH_LIST containing 9.0a"
     if not torch.cuda.is_available():
@@ -202,6 +232,21 @@ def _module() -> ModuleType:
     return mod
 
 
+def result_or_raise(ret):
+    """The result of a raw-module call ``ret = (result, err)``; raises the error ``err`` names
+    ("ValueError: msg" -> ValueError(msg), an unknown class -> RuntimeError(err))."""
+    if not (isinstance(ret, tuple) and len(ret) == 2):
+        raise RuntimeError(f"hot.fast._C returned {type(ret).__name__}, not (result, err): a stale build; rebuild it")
+    result, err = ret
+    if err:
+        cls, sep, msg = err.partition(": ")
+        exc = _ERROR_CLASSES.get(cls) if sep else None
+        raise exc(msg) if exc is not None else RuntimeError(err)
+    if result is None:  # never hand a caller None in place of a tensor
+        raise RuntimeError("hot.fast._C returned neither a result nor an error")
+    return result
+
+
 def _dtype_name(out_dtype: torch.dtype) -> str:
     try:
         return _DTYPE_NAMES[out_dtype]
@@ -213,14 +258,14 @@ def gemm_s8s8_sm90(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch
                    out_dtype: torch.dtype = torch.bfloat16, max_k: int = 0) -> torch.Tensor:
     """out = cvt((float32(a @ b^T) * sa) * sb^T) on Hopper wgmma (CUTLASS 3.x, 128x256x128 tile,
     2x1x1 cluster); int8 a (M, K), b (N, K); see the module docstring for the exact contract."""
-    return _module().gemm_s8s8_sm90(a, b, sa, sb, _dtype_name(out_dtype), int(max_k))
+    return result_or_raise(_module().gemm_s8s8_sm90(a, b, sa, sb, _dtype_name(out_dtype), int(max_k)))
 
 
 def gemm_s8s8_sm80(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
                    out_dtype: torch.dtype = torch.bfloat16, max_k: int = 0) -> torch.Tensor:
     """out = cvt((float32(a @ b^T) * sa) * sb^T) on Ampere mma.sync m16n8k32 (CUTLASS 2.x,
     128x256x64 tile); int8 a (M, K), b (N, K); see the module docstring."""
-    return _module().gemm_s8s8_sm80(a, b, sa, sb, _dtype_name(out_dtype), int(max_k))
+    return result_or_raise(_module().gemm_s8s8_sm80(a, b, sa, sb, _dtype_name(out_dtype), int(max_k)))
 
 
 def gemm_s4s4_sm80(a_packed: torch.Tensor, b_packed: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
@@ -228,37 +273,30 @@ def gemm_s4s4_sm80(a_packed: torch.Tensor, b_packed: torch.Tensor, sa: torch.Ten
     """out = cvt((float32(a @ b^T) * sa) * sb^T) on Ampere mma.sync m16n8k64 int4 (CUTLASS 2.x,
     128x256x128 tile), where a = unpack(a_packed) (M, K) and b = unpack(b_packed) (N, K), K = 2 *
     a_packed.shape[1] (a multiple of 32: pack_int4 pads with zero codes, which add nothing)."""
-    return _module().gemm_s4s4_sm80(a_packed, b_packed, sa, sb, _dtype_name(out_dtype), int(max_k))
+    return result_or_raise(_module().gemm_s4s4_sm80(a_packed, b_packed, sa, sb, _dtype_name(out_dtype), int(max_k)))
 
 
 def pack_int4(codes: torch.Tensor, check: bool = True) -> torch.Tensor:
     """codes (R, K) int8 in [-8, 7] -> packed (R, ceil(K/32)*16) uint8 with
     packed[r, j] = (c[r, 2j] & 0xF) | ((c[r, 2j+1] & 0xF) << 4), c = codes zero-padded to a
     multiple of 32 columns (the cutlass::int4b_t order: low nibble = even element).
-    check=True raises if any code lies outside [-8, 7] (one device sync); check=False skips the
-    sync for callers whose codes are in range by construction."""
-    if check:
-        # The range check runs here, not in the binding: the binding's check (a device flag read
-        # back with .item(), then TORCH_CHECK) crashed the interpreter on the H200 (see
-        # docs/kernels.md); the binding is called with check=False.
-        if codes.numel() and bool(((codes < -8) | (codes > 7)).any()):
-            r, k = codes.shape
-            raise RuntimeError(f"hot.fast._C.pack_int4: codes outside the int4 range [-8, 7] (a {r}x{k} "
-                               "tensor); quantize to 4 bits first, or use the int8 GEMM")
-    return _module().pack_int4(codes, False)
+    check=True raises ValueError if any code lies outside [-8, 7]: the pack kernel sets a device
+    flag, read back with one sync; check=False skips the sync for callers whose codes are in
+    range by construction."""
+    return result_or_raise(_module().pack_int4(codes, bool(check)))
 
 
 def unpack_int4(packed: torch.Tensor, k: int) -> torch.Tensor:
     """The inverse of pack_int4: (R, B) uint8 -> (R, k) int8 codes, sign-extended nibbles, k <= 2B."""
-    return _module().unpack_int4(packed, int(k))
+    return result_or_raise(_module().unpack_int4(packed, int(k)))
 
 
 def max_k(kind: str) -> int:
     """The largest K one GEMM call accumulates in int32 without overflow: 'int8' or 'int4'."""
-    info = _module().info()
+    info = result_or_raise(_module().info())
     return int(info[{"int8": "max_k_int8", "int4": "max_k_int4"}[kind]])
 
 
 def info() -> dict:
     """Build facts of the loaded module: archs, sm90a, max_k_int8, max_k_int4, cutlass_version."""
-    return dict(_module().info())
+    return dict(result_or_raise(_module().info()))

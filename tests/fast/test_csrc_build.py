@@ -1,4 +1,6 @@
-"""The CUDA extension (csrc/) builds here, on a CPU-only machine, and guards its entry points.
+"""The CUDA extension (csrc/) builds here, on a CPU-only machine, and guards its entry points:
+a bad argument comes back from the raw module as an error string, never as a C++ exception
+(docs/kernels.md, "The pack_int4 segfault"), and the hot.fast._ext wrappers raise it.
 
 The compile test needs a CUDA build of torch, nvcc (CUDA_HOME), ninja and the nvidia-cutlass
 headers, and skips naming whichever is missing. To keep the suite fast it compiles every source
@@ -114,9 +116,53 @@ def test_why_unavailable_names_a_reason_when_absent(monkeypatch):
                             torch.ones(16, 1), torch.ones(16, 1))
 
 
+def test_result_or_raise_raises_the_class_the_binding_names():
+    # The raw module's (result, err) convention, csrc/binding.cpp: err = "<Class>: <message>".
+    t = torch.zeros(2, 3)
+    assert _ext.result_or_raise((t, "")) is t
+    with pytest.raises(ValueError, match=r"^hot.fast._C.pack_int4: codes must be int8, got Float$"):
+        _ext.result_or_raise((None, "ValueError: hot.fast._C.pack_int4: codes must be int8, got Float"))
+    with pytest.raises(torch.OutOfMemoryError, match="^hot.fast._C.gemm_s8s8_sm80: CUDA out of memory"):
+        _ext.result_or_raise((None, "OutOfMemoryError: hot.fast._C.gemm_s8s8_sm80: CUDA out of memory"))
+    with pytest.raises(RuntimeError, match="^hot.fast._C.gemm_s8s8_sm90: needs a Hopper GPU"):
+        _ext.result_or_raise((None, "RuntimeError: hot.fast._C.gemm_s8s8_sm90: needs a Hopper GPU"))
+    # An error of a class the wrapper does not know is still raised, whole.
+    with pytest.raises(RuntimeError, match="^KeyError: x$"):
+        _ext.result_or_raise((None, "KeyError: x"))
+    with pytest.raises(RuntimeError, match="neither a result nor an error"):
+        _ext.result_or_raise((None, ""))
+    # A bare tensor (a module built before the convention): a 2-row tensor must not be unpacked
+    # into (row 0, row 1).
+    with pytest.raises(RuntimeError, match="stale build"):
+        _ext.result_or_raise(torch.zeros(2, 5))
+
+
+def test_load_refuses_a_module_built_before_the_error_convention(monkeypatch):
+    class Stale:
+        __file__ = "/old/_C.so"
+
+        @staticmethod
+        def info():
+            return {"archs": "sm90a"}  # the old return: a bare dict, no err
+
+    monkeypatch.delenv("HOT_JIT_BUILD", raising=False)
+    monkeypatch.setattr(_ext, "_STATE", {})
+    monkeypatch.setattr(_ext, "_import_prebuilt", lambda: Stale)
+    assert _ext.load() is None
+    assert _ext.why_unavailable().startswith("stale build: /old/_C.so predates the (result, err)")
+
+
+@pytest.fixture
+def wrappers_on(built, monkeypatch):
+    """hot.fast._ext with the freshly built module loaded, as load() would have it."""
+    monkeypatch.setattr(_ext, "_STATE", {"module": built, "reason": None})
+    return _ext
+
+
 @pytest.mark.slow  # a cold nvcc build of csrc/ takes 2-4 minutes on 2 cores: CI runs it
 def test_module_imports_and_reports_its_build(built):
-    info = built.info()
+    info, err = built.info()
+    assert err == ""
     assert info["archs"] == "sm90a"
     assert info["sm90a"] is True
     # The chunk bounds are the int32 overflow bounds: K * 128^2 and K * 8^2 below 2^31.
@@ -127,17 +173,29 @@ def test_module_imports_and_reports_its_build(built):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fn", ["gemm_s8s8_sm90", "gemm_s8s8_sm80", "gemm_s4s4_sm80"])
-def test_gemms_reject_cpu_tensors_with_their_own_error(built, fn):
+def test_gemms_return_errors_instead_of_throwing(built, wrappers_on, fn):
     dt = torch.uint8 if "s4" in fn else torch.int8
     a = torch.zeros(16, 16, dtype=dt)
     b = torch.zeros(8, 16, dtype=dt)
-    with pytest.raises(RuntimeError, match=f"{fn}: a must be a CUDA tensor, got one on cpu"):
-        getattr(built, fn)(a, b, torch.ones(16, 1), torch.ones(8, 1), "bfloat16", 0)
+    # The raw module: no exception crosses it, the error comes back as a string.
+    out, err = getattr(built, fn)(a, b, torch.ones(16, 1), torch.ones(8, 1), "bfloat16", 0)
+    assert out is None
+    assert err == (f"ValueError: hot.fast._C.{fn}: a must be a CUDA tensor, got one on cpu; move the operands "
+                   "to the GPU or use backend='reference'")
+    # The wrapper raises it, naming the function, the argument, its device and the fix.
+    with pytest.raises(ValueError, match=rf"^hot.fast._C.{fn}: a must be a CUDA tensor, got one on cpu; move"):
+        getattr(wrappers_on, fn)(a, b, torch.ones(16, 1), torch.ones(8, 1), torch.bfloat16)
 
 
 @pytest.mark.slow
-def test_pack_rejects_cpu_tensors(built):
-    with pytest.raises(RuntimeError, match="pack_int4: codes must be a CUDA tensor"):
-        built.pack_int4(torch.zeros(4, 32, dtype=torch.int8), True)
-    with pytest.raises(RuntimeError, match="unpack_int4: packed must be a CUDA tensor"):
-        built.unpack_int4(torch.zeros(4, 16, dtype=torch.uint8), 32)
+def test_pack_returns_errors_instead_of_throwing(built, wrappers_on):
+    codes = torch.zeros(4, 32, dtype=torch.int8)
+    assert built.pack_int4(codes, True) == (None, "ValueError: hot.fast._C.pack_int4: codes must be a CUDA tensor, "
+                                                  "got one on cpu")
+    out, err = built.unpack_int4(torch.zeros(4, 16, dtype=torch.uint8), 32)
+    assert out is None and err.startswith("ValueError: hot.fast._C.unpack_int4: packed must be a CUDA tensor")
+    with pytest.raises(ValueError, match="^hot.fast._C.pack_int4: codes must be a CUDA tensor, got one on cpu$"):
+        wrappers_on.pack_int4(codes)
+    with pytest.raises(ValueError, match="^hot.fast._C.unpack_int4: packed must be a CUDA tensor"):
+        wrappers_on.unpack_int4(torch.zeros(4, 16, dtype=torch.uint8), 32)
+    assert wrappers_on.info()["archs"] == "sm90a" and wrappers_on.max_k("int8") == built.info()[0]["max_k_int8"]
