@@ -34,6 +34,11 @@ esac
 case " $what " in *" profile "*|*" all "*)
   HOT_JIT_BUILD=0 timeout 120 python3 benchmarks/profile_host.py 2>&1 | tee "$OUT/profile_host.log" | head -60
 esac
+case " $what " in *" breakdown "*|*" all "*)
+  HOT_JIT_BUILD=0 timeout 240 python3 benchmarks/gy_pass_breakdown.py 2>&1 | tee "$OUT/breakdown.log" | tail -24
+  best=$(grep "^BEST" "$OUT/breakdown.log" | tail -1 | cut -d' ' -f2-)
+  [ -n "$best" ] && export $best && echo "using $best for what follows"
+esac
 case " $what " in *" sweep "*|*" all "*)
   HOT_FAST_AUTOTUNE=1 HOT_JIT_BUILD=0 timeout 150 python3 benchmarks/sweep_gy_pass.py 2>&1 | tee "$OUT/sweep.log" | tail -6
 esac

@@ -5,7 +5,8 @@
 options and looks the compiled kernel up; from Python that costs tens of microseconds per launch,
 which for HOT's small per-layer kernels is more than the kernels themselves (docs/performance.md).
 
-``Direct(kernel)`` keeps the compiled kernels in a dict keyed by a cheaper key that is at least as
+``Direct(kernel)`` keeps the compiled kernels in a dict keyed by a cheaper key (the runtime
+arguments' specialization properties plus the constexprs' precomputed key, ``Meta``) that is at least as
 fine as Triton's (so a cached kernel is only reused for arguments Triton would have compiled the
 same way), and launches a hit through the compiled kernel's own launcher. A miss goes through
 ``kernel[grid]`` (which compiles and launches) and caches what it returns. Under the Triton
@@ -23,43 +24,58 @@ _I32 = (-(1 << 31), 1 << 31)
 
 
 def _spec(v):
-    """A hashable summary of one argument that determines Triton's specialization of it."""
+    """A hashable summary of one runtime argument that determines Triton's specialization of it."""
+    t = type(v)
+    if t is int:
+        return (v == 1, v % 16 == 0, _I32[0] <= v < _I32[1], v >= 1 << 63)
+    if t is bool or t is float or v is None:
+        return (t, v)
     if isinstance(v, torch.Tensor):
         return (v.dtype, v.data_ptr() % 16 == 0, v.device.index)
-    if isinstance(v, bool):
-        return ("b", v)
-    if isinstance(v, int):
-        return ("i", v == 1, v % 16 == 0, _I32[0] <= v < _I32[1], v >= 1 << 63)
-    return v  # constexprs (numbers, strings, tl dtypes) and floats: the value itself
+    return v
+
+
+class Meta:
+    """The compile-time part of a launch (constexprs and options such as num_warps), with its
+    hashable key computed once."""
+
+    __slots__ = ("kw", "key")
+
+    def __init__(self, **kw):
+        self.kw = kw
+        self.key = tuple(sorted(kw.items(), key=lambda kv: kv[0]))
 
 
 class Direct:
-    """``Direct(jit_fn)(grid, *args, **meta)`` == ``jit_fn[grid](*args, **meta)``.
+    """``Direct(jit_fn)(grid, args, Meta(**meta))`` == ``jit_fn[grid](*args, **meta)``.
 
-    The positional arguments come first in the kernel's signature order; every later parameter
-    is passed by name in ``meta`` (no defaults are filled in)."""
+    ``args`` are the kernel's runtime parameters in signature order; every later parameter (the
+    constexprs) comes from ``meta`` by name."""
 
     def __init__(self, fn):
         self.fn = fn
         self.names = list(fn.arg_names)
         self.cache: dict = {}
+        self.tails: dict = {}
 
-    def __call__(self, grid, *args, **meta):
+    def __call__(self, grid, args: tuple, meta: Meta):
         if _INTERP or _hooks():
-            self.fn[grid](*args, **meta)
+            self.fn[grid](*args, **meta.kw)
             return
-        full = args + tuple(meta[n] for n in self.names[len(args):])
-        key = tuple(map(_spec, full))
+        key = (meta.key, tuple(map(_spec, args)))
         k = self.cache.get(key)
         if k is None:
             # Triton compiles (or finds) the kernel for exactly these arguments and launches it.
-            self.cache[key] = self.fn[grid](*args, **meta)
+            self.cache[key] = self.fn[grid](*args, **meta.kw)
             return
-        dev = next(a.device.index for a in args if isinstance(a, torch.Tensor))
+        tail = self.tails.get(meta.key)
+        if tail is None:
+            tail = self.tails[meta.key] = tuple(meta.kw[n] for n in self.names[len(args):])
+        dev = args[0].device.index
         stream = torch._C._cuda_getCurrentRawStream(dev)
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        k.run(grid[0], g1, g2, stream, k.function, k.packed_metadata, None, None, None, *full)
+        k.run(grid[0], g1, g2, stream, k.function, k.packed_metadata, None, None, None, *args, *tail)
 
 
 _KNOBS = []

@@ -28,7 +28,7 @@ def _kernel():
 
 
 def test_direct_equals_triton_launch_across_specializations():
-    from hot.fast.launch import Direct
+    from hot.fast.launch import Direct, Meta
 
     k = _kernel()
     d = Direct(k)
@@ -44,7 +44,7 @@ def test_direct_equals_triton_launch_across_specializations():
             y2 = torch.full((n,), float("nan"), device="cuda")
             grid = ((n + 63) // 64,)
             k[grid](x, y1, n, stride, add, B=64, SQUARE=square)
-            d(grid, x, y2, n, stride, add, B=64, SQUARE=square)
+            d(grid, (x, y2, n, stride, add), Meta(B=64, SQUARE=square))
             torch.cuda.synchronize()
             assert torch.equal(y1, y2), (off, n, stride, add, square)
     # Every distinct specialization got its own entry; hits reused them.
