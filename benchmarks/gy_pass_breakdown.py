@@ -1,6 +1,13 @@
 """Break the fused g_y pass down on a GPU: stats kernel alone, quantize kernel alone, both, and the
-host time of one call, for each kernel variant (transform matrices built arithmetically or
-gathered; persistent grid of P programs per SM or one program per tile).
+host time of one call.
+
+Measured on an H200 (2026-11-22, run 3) with two variants that were then dropped: a persistent
+1-D grid (P programs per SM looping over tiles) and transform matrices from Sylvester sign
+parities instead of gathers. The parities changed nothing measurable; the loop made the pass
+slower (ViT qkv 25216x2304: 0.30 ms at 4-16 programs per SM, 0.38-0.40 ms at one tile per
+program, against 0.25 ms for the 2-D grid without a loop). The quantize kernel is ~85% of the
+pass (0.26 of 0.30 ms) while the stats kernel, which reads the same tile and runs the same two
+transforms, is near its read floor (0.047 ms): the cost is in quantize's per-element work.
 
     python benchmarks/gy_pass_breakdown.py
 
@@ -15,7 +22,6 @@ from hot.bench.timing import bench, copy_bandwidth
 from hot.fast import quant as fq
 
 SHAPES = [(25216, 2304), (25216, 768), (4096, 28672)]
-VARIANTS = [(1, 8), (1, 4), (1, 16), (1, 0), (0, 8), (0, 0)]  # (ARITH, PROGS_PER_SM)
 HQ = (4, "row", True, 1)
 HLA = (8, "lowpass", 8, "row", True, 2)
 
@@ -32,9 +38,9 @@ def host_us(fn, n=30):
 
 
 def _parts(x):
-    """(stats only, quantize only) launchers for x with the current variant."""
+    """(stats only, quantize only) launchers for x."""
     r, c = x.shape
-    p = fq._pass_plan(r, c, x.dtype, x.device, HQ[:3], HLA[:5])
+    p = fq._pass_plan(r, c, x.stride(), x.dtype, x.device, HQ[:3], HLA[:5])
     nh, nl = p["nh"], p["nl"]
     hq_q = torch.empty((r, p["c16"]), dtype=torch.int8, device=x.device)
     hq_s = torch.empty((nh, 1), dtype=torch.float32, device=x.device)
@@ -57,30 +63,27 @@ def _parts(x):
 
 
 def main():
-    best = {}
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
-    for arith, progs in VARIANTS:
-        fq.ARITH, fq.PROGS_PER_SM = bool(arith), progs
+    for idx64, (r, c) in [(i, sh) for i in (False, True) for sh in SHAPES]:
+        # int32 offsets (the default below 2^31 elements) against forced int64 offsets.
+        fq.FORCE_IDX64 = idx64
         fq._pass_plan.cache_clear()
-        for r, c in SHAPES:
-            gs = [(torch.randn(r, c, device="cuda", dtype=torch.bfloat16),) for _ in range(3)]
-            floor = (r * c * 2 + r * c + c * r // 2) / bw * 1e3
-            ms = bench(lambda g: fq.gy_quantize(g, *HQ, *HLA), gs)
-            st, qu = _parts(gs[0][0])
-            ms_st = bench(st)
-            ms_qu = bench(qu)
-            hu = host_us(lambda: fq.gy_quantize(gs[0][0], *HQ, *HLA))
-            best.setdefault((arith, progs), []).append(ms)
-            print(f"arith={arith} progs/SM={progs:2d} {r}x{c}: pass {ms:.3f} ms ({100 * floor / ms:.0f}% "
-                  f"of copy; floor {floor:.3f}) = stats {ms_st:.3f} + quant {ms_qu:.3f}; host {hu:.0f} us",
-                  flush=True)
-        w = torch.randn(2304, 768, device="cuda", dtype=torch.bfloat16)
-        print(f"  w_pass 2304x768: {bench(lambda: fq.hq_quantize(w.t(), 4, 'row', True, 3)):.3f} ms, "
-              f"host {host_us(lambda: fq.hq_quantize(w.t(), 4, 'row', True, 3)):.0f} us", flush=True)
-    # The variant with the smallest total time over the shapes (for scripts/gpu_run.sh).
-    a, p = min(best, key=lambda v: sum(best[v]))
-    print(f"BEST HOT_FAST_QARITH={a} HOT_FAST_QPROGS={p}")
+        gs = [(torch.randn(r, c, device="cuda", dtype=torch.bfloat16),) for _ in range(3)]
+        floor = (r * c * 2 + r * c + c * r // 2) / bw * 1e3
+        ms = bench(lambda g: fq.gy_quantize(g, *HQ, *HLA), gs)
+        st, qu = _parts(gs[0][0])
+        ms_st = bench(st)
+        ms_qu = bench(qu)
+        hu = host_us(lambda: fq.gy_quantize(gs[0][0], *HQ, *HLA))
+        print(f"{'int64' if idx64 else 'int32'} offsets {r}x{c}: pass {ms:.3f} ms ({100 * floor / ms:.0f}% "
+              f"of copy; floor {floor:.3f}) = stats {ms_st:.3f} + quant {ms_qu:.3f}; host {hu:.0f} us",
+              flush=True)
+    fq.FORCE_IDX64 = False
+    fq._pass_plan.cache_clear()
+    w = torch.randn(2304, 768, device="cuda", dtype=torch.bfloat16)
+    print(f"  w_pass 2304x768: {bench(lambda: fq.hq_quantize(w.t(), 4, 'row', True, 3)):.3f} ms, "
+          f"host {host_us(lambda: fq.hq_quantize(w.t(), 4, 'row', True, 3)):.0f} us", flush=True)
 
 
 if __name__ == "__main__":

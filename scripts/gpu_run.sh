@@ -26,18 +26,22 @@ tst() {  # each file in its own process: a crash in one (a segfault) must not hi
   timeout "${2:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$1" -rs -s 2>&1 | tee -a "$OUT/gpu_tests.log" \
     | grep -E "passed|failed|error|FAIL|flips|training|path|Fatal|Segmentation" | tail -14
 }
+diag_pid=
+case " $what " in *" diag "*|*" all "*)
+  # Which C++ operation crashes a JIT-built extension here (background; printed at the end).
+  ( DIAG_DIR=/tmp/hot_diag_cxx timeout 400 python3 scripts/diag_cxx.py > "$OUT/diag_cxx.log" 2>&1 ) &
+  diag_pid=$!
+esac
 case " $what " in *" tests "*|*" all "*)
   # These need no extension (the fast GEMM falls back to Triton until it is loaded).
   HOT_JIT_BUILD=0 tst tests/fast/test_gpu_launch.py 100
   HOT_JIT_BUILD=0 tst tests/fast/test_gpu_layer.py 200
 esac
 case " $what " in *" profile "*|*" all "*)
-  HOT_JIT_BUILD=0 timeout 120 python3 benchmarks/profile_host.py 2>&1 | tee "$OUT/profile_host.log" | head -60
+  HOT_JIT_BUILD=0 timeout 120 python3 benchmarks/profile_host.py 2>&1 | tee "$OUT/profile_host.log" | head -24
 esac
 case " $what " in *" breakdown "*|*" all "*)
-  HOT_JIT_BUILD=0 timeout 240 python3 benchmarks/gy_pass_breakdown.py 2>&1 | tee "$OUT/breakdown.log" | tail -24
-  best=$(grep "^BEST" "$OUT/breakdown.log" | tail -1 | cut -d' ' -f2-)
-  [ -n "$best" ] && export $best && echo "using $best for what follows"
+  HOT_JIT_BUILD=0 timeout 240 python3 benchmarks/gy_pass_breakdown.py 2>&1 | tee "$OUT/breakdown.log" | tail -9
 esac
 case " $what " in *" sweep "*|*" all "*)
   HOT_FAST_AUTOTUNE=1 HOT_JIT_BUILD=0 timeout 150 python3 benchmarks/sweep_gy_pass.py 2>&1 | tee "$OUT/sweep.log" | tail -6
@@ -57,7 +61,7 @@ except RuntimeError as e:
 " 2>&1 | tail -8 | tee "$OUT/pack_diag.log"
 esac
 case " $what " in *" bench "*|*" all "*)
-  HOT_FAST_AUTOTUNE=${HOT_FAST_AUTOTUNE:-1} timeout 300 python3 -m hot.bench.backward --json "$OUT/bench_backward.json" --md "$OUT/bench_backward.md" > "$OUT/bench_backward.log" 2>&1 || tail -30 "$OUT/bench_backward.log"
+  HOT_FAST_AUTOTUNE=${HOT_FAST_AUTOTUNE:-0} timeout 300 python3 -m hot.bench.backward --json "$OUT/bench_backward.json" --md "$OUT/bench_backward.md" > "$OUT/bench_backward.log" 2>&1 || tail -30 "$OUT/bench_backward.log"
 esac
 case " $what " in *" e2e "*|*" all "*)
   timeout 300 python3 -m hot.bench.e2e --modes "${E2E_MODES:-bf16,bf16_compile,hot,hot_ref,hot_exact}" --json "$OUT/e2e.json" 2>&1 \
@@ -68,5 +72,6 @@ for l in sys.stdin:
     except Exception: print(l.rstrip()[:300]); continue
     print(d.get('mode'), 'step_ms', round(d.get('step_ms', -1), 2), 'peak', round(d.get('peak_GiB', -1), 2), 'losses', d.get('losses'), d.get('error', ''))"
 esac
+[ -n "$diag_pid" ] && wait "$diag_pid" && grep -v "^W1" "$OUT/diag_cxx.log" | tail -9
 [ -f "$OUT/bench_backward.md" ] && cat "$OUT/bench_backward.md"
 exit 0

@@ -18,7 +18,7 @@ import torch
 from ..common import quant
 from ..common.config import BLOCK
 from ..common.ops import pad_to
-from ..common.walsh import hadamard16, hla_matrix, hla_rows, sequency, sylvester
+from ..common.walsh import hadamard16, hla_matrix
 from ..reference import ops as ref
 
 # Tile of one program: multiples of 16 (whole Hadamard / Walsh blocks in both directions).
@@ -32,38 +32,13 @@ def _pow2(n: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _mats(device: torch.device, rank: int, selection: str, arith: bool):
-    """(H16, T) for the kernels, cached per device. arith=False: H16 (16 x 16) and T (RP x 16) =
-    T_r with zero rows up to RP = next power of two >= rank, float32. arith=True: H16 is not
-    read (the kernels compute Sylvester signs) and T is, per row, the natural (Sylvester) index
-    of that Walsh row, -1 for a zero row (int32, RP entries)."""
-    rp = _pow2(rank)
-    if arith:
-        order = torch.argsort(sequency(sylvester(BLOCK)), stable=True)  # walsh row k = order[k]
-        nat = torch.full((rp,), -1, dtype=torch.int32)
-        nat[:rank] = order[list(hla_rows(rank, selection))].to(torch.int32)
-        return torch.zeros(1, device=device), nat.to(device)
-    t = torch.zeros(rp, BLOCK, dtype=torch.float64)
+def _mats(device: torch.device, rank: int, selection: str):
+    """(H16 (16 x 16), T (RP x 16) = T_r with zero rows up to RP), float32, cached per device;
+    the kernels expand them to block-diagonal tile matrices in registers."""
+    t = torch.zeros(_pow2(rank), BLOCK, dtype=torch.float64)
     t[:rank] = hla_matrix(rank, selection)
     return (hadamard16().to(torch.float32).contiguous().to(device),
             t.to(torch.float32).contiguous().to(device))
-
-
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, "") or default)
-
-
-# Build the transform matrices arithmetically (1) or gather them from memory (0); programs per SM
-# of the persistent quantizer kernels (0: one program per tile). Both change speed only.
-ARITH = bool(_env_int("HOT_FAST_QARITH", 1))
-PROGS_PER_SM = _env_int("HOT_FAST_QPROGS", 8)
-
-
-@functools.lru_cache(maxsize=None)
-def _sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # Tiles the GPU autotuner tries (BLOCK_R, BLOCK_C, warps); BLOCK_R / 16 * RP must be >= 16.
@@ -152,8 +127,8 @@ def _tl_dtype(name: str):
     return _TL[name]
 
 
-def _cap(tiles: int, cap: int) -> int:
-    return min(tiles, cap) if cap > 0 else tiles
+# int64 offsets in every quantizer kernel even where int32 suffices (tests and A/B timing).
+FORCE_IDX64 = os.environ.get("HOT_FAST_IDX64", "0") not in ("", "0")
 
 
 class _Workspace:
@@ -182,14 +157,14 @@ _WS = _Workspace()
 
 
 @functools.lru_cache(maxsize=4096)
-def _pass_plan(r: int, c: int, dtype: torch.dtype, dev: torch.device, hq: Optional[tuple],
-               hla: Optional[tuple]):
+def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
+               hq: Optional[tuple], hla: Optional[tuple]):
     """Everything about a g_y pass that does not depend on the data or the seeds (cached):
     (sizes, matrices, launchers, grid function, constexpr switches of stats and quantize)."""
     c16, l16 = pad_to(c), pad_to(r)
     rank, selection = (hla[0], hla[1]) if hla else (BLOCK, "lowpass")
     rp = _pow2(rank)
-    h16, t = _mats(dev, rank, selection, ARITH)
+    h16, t = _mats(dev, rank, selection)
     # tl.dot needs every dimension >= 16: the HLA dot has BLOCK_R / 16 * RP rows.
     stats, quant_ = _kernels(256 // rp if hla else 16, _FIXED)
     dname, prec = _dot_types_of(dtype, dev)
@@ -198,13 +173,13 @@ def _pass_plan(r: int, c: int, dtype: torch.dtype, dev: torch.device, hq: Option
     nh = (r if hq_row else 1) if hq else 0
     nl = (c if hla_row else 1) if hla else 0
     lr = l16 // BLOCK * rank
-    # Persistent grid: at most PROGS_PER_SM programs per SM (the interpreter: 3, so that its
-    # tests run the multi-tile loop too); PROGS_PER_SM = 0 gives one program per tile.
-    cap = 3 if _INTERP else PROGS_PER_SM * _sms(dev)
-    grid = lambda m: (_cap(((l16 + m["BLOCK_R"] - 1) // m["BLOCK_R"])  # noqa: E731
-                           * ((c16 + m["BLOCK_C"] - 1) // m["BLOCK_C"]), cap),)
+    grid = lambda m: ((l16 + m["BLOCK_R"] - 1) // m["BLOCK_R"],  # noqa: E731
+                      (c16 + m["BLOCK_C"] - 1) // m["BLOCK_C"])
+    # Every offset a kernel forms (x with its strides, the HQ and HLA codes) below 2^31?
+    reach = max(r * c16, c * lr, (r - 1) * abs(sx[0]) + (c - 1) * abs(sx[1]) + 1)
     sw = dict(DO_HQ=hq is not None, DO_HLA=hla is not None, HQ_ROW=hq_row, HLA_ROW=hla_row,
-              DOT_DTYPE=_tl_dtype(dname), PREC=prec, RP=rp, ARITH=ARITH)
+              DOT_DTYPE=_tl_dtype(dname), PREC=prec, RP=rp,
+              IDX64=FORCE_IDX64 or reach + max(c16, l16) >= 1 << 31)
     qsw = dict(sw, RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
                HQ_STOCH=bool(hq and hq[2]), HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0,
                HLA_STOCH=bool(hla and hla[4]))
@@ -222,7 +197,7 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
     """
     r, c = x.shape
     dev = x.device
-    p = _pass_plan(r, c, x.dtype, dev, hq[:3] if hq else None, hla[:5] if hla else None)
+    p = _pass_plan(r, c, x.stride(), x.dtype, dev, hq[:3] if hq else None, hla[:5] if hla else None)
     nh, nl = p["nh"], p["nl"]
     amax, epoch = _WS.take(dev, nh + nl + 1)
     hla_amax = amax[nh:] if nh else amax

@@ -14,10 +14,8 @@ scales need a global reduction, so a call is two launches over the same tiles:
         written out by the first program of each row/column), divide, round (hash-stream
         stochastic or half-even), store int8 codes.
 
-Both kernels are persistent over a 1-D grid: program p handles tiles p, p + P, p + 2P, ... in
-row-major order over the (row tile, column tile) grid, building its transform matrices once.
-Transforms are plain tile GEMMs against constant block-diagonal matrices (no reshapes), built in
-registers from Sylvester sign parities (ARITH) or gathered from the 16x16 H16 and the RP x 16 T:
+Transforms are plain tile GEMMs against constant block-diagonal matrices (no reshapes), gathered
+in registers from the 16x16 H16 and the RP x 16 T (tiny, L1-resident):
     HQ : t = x_tile (BR, BC) @ HB,   HB = blockdiag(H16, ..., H16) (BC x BC), H16 = sylvester/4
     HLA: z = TB @ x_tile,            TB = blockdiag(T, ..., T) (BR/16*RP x BR),
          T (RP x 16) = T_r padded with zero rows to RP = next power of two >= rank,
@@ -80,54 +78,43 @@ def _scale(amax_tagged, QMAX: tl.constexpr):
 
 
 @triton.jit
+def _idx(v, IDX64: tl.constexpr):
+    # Offsets in int64 only where a tensor can pass 2^31 elements: int32 index math is cheaper.
+    if IDX64:
+        return v.to(tl.int64)
+    return v
+
+
+@triton.jit
 def _load_tile(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-               DOT_DTYPE: tl.constexpr):
+               DOT_DTYPE: tl.constexpr, IDX64: tl.constexpr):
     rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * sxr + cols[None, :].to(tl.int64) * sxc,
+    x = tl.load(x_ptr + _idx(rows[:, None], IDX64) * sxr + _idx(cols[None, :], IDX64) * sxc,
                 mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0)
     return x.to(DOT_DTYPE), rows, cols
 
 
 @triton.jit
-def _parity4(a):
-    # popcount(a) & 1 for 0 <= a < 16: the sign bit of a Sylvester-Hadamard entry.
-    p = a ^ (a >> 2)
-    return (p ^ (p >> 1)) & 1
-
-
-@triton.jit
-def _hb(h_ptr, BLOCK_C: tl.constexpr, DOT_DTYPE: tl.constexpr, ARITH: tl.constexpr):
-    """HB (BLOCK_C x BLOCK_C): HB[i, j] = H16[i % 16, j % 16] on the diagonal 16x16 blocks, else 0.
-    ARITH: from H16[a, b] = (-1)^popcount(a & b) / 4 (Sylvester order), no memory access;
-    else gathered from the 16x16 matrix at h_ptr (L1-resident)."""
+def _hq_t(x, h_ptr, BLOCK_C: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    # HB[i, j] = H16[i % 16, j % 16] on the diagonal 16x16 blocks, else 0 (gathered from the
+    # 16x16 matrix in L1, so one compiled kernel serves every tile size).
     i = tl.arange(0, BLOCK_C)
     same = (i[:, None] // 16) == (i[None, :] // 16)
-    if ARITH:
-        p = _parity4((i[:, None] % 16) & (i[None, :] % 16))
-        hb = tl.where(same, 0.25 - 0.5 * p.to(tl.float32), 0.0)
-    else:
-        hb = tl.load(h_ptr + (i[:, None] % 16) * 16 + (i[None, :] % 16), mask=same, other=0.0)
-    return hb.to(DOT_DTYPE)
+    hb = tl.load(h_ptr + (i[:, None] % 16) * 16 + (i[None, :] % 16), mask=same, other=0.0)
+    return tl.dot(x, hb.to(DOT_DTYPE), input_precision=PREC, out_dtype=tl.float32)
 
 
 @triton.jit
-def _tb(t_ptr, BLOCK_R: tl.constexpr, ZR: tl.constexpr, RP: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, ARITH: tl.constexpr):
-    """TB (ZR x BLOCK_R): TB[k, i] = T[k % RP, i % 16] where row block k // RP meets column block
-    i // 16, else 0; T (RP x 16) is T_r with zero rows past the rank. ARITH: t_ptr holds, per row
-    of T, the Sylvester (natural-order) index n of that Walsh row (-1 for a zero row), and
-    T[t, i] = (-1)^popcount(n & i) / 4; else t_ptr is T itself (float32, RP x 16)."""
+def _hla_z(x, t_ptr, BLOCK_R: tl.constexpr, ZR: tl.constexpr, RP: tl.constexpr,
+           DOT_DTYPE: tl.constexpr, PREC: tl.constexpr):
+    # TB[k, i] = T[k % RP, i % 16] where row block k // RP meets column block i // 16, else 0;
+    # T (RP x 16) is T_r with zero rows past the rank.
     k = tl.arange(0, ZR)
     i = tl.arange(0, BLOCK_R)
     same = (k[:, None] // RP) == (i[None, :] // 16)
-    if ARITH:
-        n = tl.load(t_ptr + k % RP)
-        p = _parity4(n[:, None] & (i[None, :] % 16))
-        tb = tl.where(same & (n[:, None] >= 0), 0.25 - 0.5 * p.to(tl.float32), 0.0)
-    else:
-        tb = tl.load(t_ptr + (k[:, None] % RP) * 16 + (i[None, :] % 16), mask=same, other=0.0)
-    return tb.to(DOT_DTYPE)
+    tb = tl.load(t_ptr + (k[:, None] % RP) * 16 + (i[None, :] % 16), mask=same, other=0.0)
+    return tl.dot(tb.to(DOT_DTYPE), x, input_precision=PREC, out_dtype=tl.float32)
 
 
 @triton.jit(do_not_specialize=["epoch"])
@@ -135,35 +122,28 @@ def stats_kernel(
     x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr, epoch,
     RP: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, ARITH: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     ZR: tl.constexpr = BLOCK_R // 16 * RP
-    hb = _hb(hb_ptr, BLOCK_C, DOT_DTYPE, ARITH)
-    tb = _tb(tb_ptr, BLOCK_R, ZR, RP, DOT_DTYPE, ARITH)
-    N_C = tl.cdiv((C + 15) // 16 * 16, BLOCK_C)
-    N_TILES = tl.cdiv((R + 15) // 16 * 16, BLOCK_R) * N_C
-    for tile in range(tl.program_id(0), N_TILES, tl.num_programs(0)):
-        pid_r = tile // N_C
-        pid_c = tile % N_C
-        x, rows, cols = _load_tile(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, DOT_DTYPE)
-        if DO_HQ:
-            # Padding columns (C <= col < C16) transform to real values and count; whole blocks
-            # past C16 are zero and change no max.
-            t = tl.dot(x, hb, input_precision=PREC, out_dtype=tl.float32)
-            a = tl.max(_abs_bits(t), axis=1)
-            if HQ_ROW:
-                tl.atomic_max(hq_amax_ptr + rows, _tagged(a, epoch), mask=rows < R, sem="relaxed")
-            else:
-                tl.atomic_max(hq_amax_ptr, _tagged(tl.max(a, axis=0), epoch), sem="relaxed")
-        if DO_HLA:
-            # Rows of z for t >= rank come from zero rows of TB and blocks past L16 from zero input.
-            z = tl.dot(tb, x, input_precision=PREC, out_dtype=tl.float32)
-            a = tl.max(_abs_bits(z), axis=0)
-            if HLA_ROW:
-                tl.atomic_max(hla_amax_ptr + cols, _tagged(a, epoch), mask=cols < C, sem="relaxed")
-            else:
-                tl.atomic_max(hla_amax_ptr, _tagged(tl.max(a, axis=0), epoch), sem="relaxed")
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    x, rows, cols = _load_tile(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, DOT_DTYPE, IDX64)
+    if DO_HQ:
+        # Padding columns (C <= col < C16) transform to real values and count; whole blocks past
+        # C16 are zero and change no max.
+        a = tl.max(_abs_bits(_hq_t(x, hb_ptr, BLOCK_C, DOT_DTYPE, PREC)), axis=1)
+        if HQ_ROW:
+            tl.atomic_max(hq_amax_ptr + rows, _tagged(a, epoch), mask=rows < R, sem="relaxed")
+        else:
+            tl.atomic_max(hq_amax_ptr, _tagged(tl.max(a, axis=0), epoch), sem="relaxed")
+    if DO_HLA:
+        # Rows of z for t >= rank come from zero rows of TB and blocks past L16 from zero input.
+        a = tl.max(_abs_bits(_hla_z(x, tb_ptr, BLOCK_R, ZR, RP, DOT_DTYPE, PREC)), axis=0)
+        if HLA_ROW:
+            tl.atomic_max(hla_amax_ptr + cols, _tagged(a, epoch), mask=cols < C, sem="relaxed")
+        else:
+            tl.atomic_max(hla_amax_ptr, _tagged(tl.max(a, axis=0), epoch), sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["hq_key", "hla_key"])
@@ -174,59 +154,54 @@ def quant_kernel(
     RANK: tl.constexpr, RP: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, ARITH: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     ZR: tl.constexpr = BLOCK_R // 16 * RP
-    hb = _hb(hb_ptr, BLOCK_C, DOT_DTYPE, ARITH)
-    tb = _tb(tb_ptr, BLOCK_R, ZR, RP, DOT_DTYPE, ARITH)
-    N_C = tl.cdiv((C + 15) // 16 * 16, BLOCK_C)
-    N_TILES = tl.cdiv((R + 15) // 16 * 16, BLOCK_R) * N_C
-    for tile in range(tl.program_id(0), N_TILES, tl.num_programs(0)):
-        pid_r = tile // N_C
-        pid_c = tile % N_C
-        x, rows, cols = _load_tile(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, DOT_DTYPE)
-        rmask = rows < R
-        if DO_HQ:
-            t = tl.dot(x, hb, input_precision=PREC, out_dtype=tl.float32)
-            if HQ_ROW:
-                s = _scale(tl.load(hq_amax_ptr + rows, mask=rmask, other=0), HQ_QMAX)
-                if pid_c == 0:
-                    tl.store(hq_s_ptr + rows, s, mask=rmask)
-                v = tl.math.div_rn(t, s[:, None])
-            else:
-                s = _scale(tl.load(hq_amax_ptr), HQ_QMAX)
-                if tile == 0:
-                    tl.store(hq_s_ptr, s)
-                v = tl.math.div_rn(t, tl.full(t.shape, 1.0, tl.float32) * s)
-            # Row-major index of the code in q, modulo 2^32 (the hash stream's counter).
-            off = rows[:, None].to(tl.int64) * C16 + cols[None, :]
-            q = _round(v, off.to(tl.uint32), hq_key.to(tl.uint32, bitcast=True), HQ_QMAX, HQ_STOCH)
-            tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
-        if DO_HLA:
-            cmask = cols < C
-            z = tl.dot(tb, x, input_precision=PREC, out_dtype=tl.float32)  # (ZR, BLOCK_C)
-            if HLA_ROW:
-                s = _scale(tl.load(hla_amax_ptr + cols, mask=cmask, other=0), HLA_QMAX)
-                if pid_r == 0:
-                    tl.store(hla_s_ptr + cols, s, mask=cmask)
-                v = tl.math.div_rn(z, s[None, :])
-            else:
-                s = _scale(tl.load(hla_amax_ptr), HLA_QMAX)
-                if tile == 0:
-                    tl.store(hla_s_ptr, s)
-                v = tl.math.div_rn(z, tl.full(z.shape, 1.0, tl.float32) * s)
-            k = tl.arange(0, ZR)
-            if RP == RANK:
-                # Power-of-two rank (every rank HLAConfig allows): the tile's codes of one column
-                # are ZR consecutive bytes, jb * RANK + tk == pid_r * ZR + k; written as such,
-                # the compiler sees the contiguity and vectorizes the stores.
-                keep = k < (NBLK - pid_r * (BLOCK_R // 16)) * RANK
-                off = cols[None, :].to(tl.int64) * LR + (pid_r * ZR + k)[:, None]
-            else:
-                jb = pid_r * (BLOCK_R // 16) + k // RP
-                tk = k % RP
-                keep = (tk < RANK) & (jb < NBLK)
-                off = cols[None, :].to(tl.int64) * LR + (jb * RANK + tk)[:, None]
-            q = _round(v, off.to(tl.uint32), hla_key.to(tl.uint32, bitcast=True), HLA_QMAX, HLA_STOCH)
-            tl.store(hla_q_ptr + off, q, mask=keep[:, None] & cmask[None, :])
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    x, rows, cols = _load_tile(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, DOT_DTYPE, IDX64)
+    rmask = rows < R
+    if DO_HQ:
+        t = _hq_t(x, hb_ptr, BLOCK_C, DOT_DTYPE, PREC)
+        if HQ_ROW:
+            s = _scale(tl.load(hq_amax_ptr + rows, mask=rmask, other=0), HQ_QMAX)
+            if pid_c == 0:
+                tl.store(hq_s_ptr + rows, s, mask=rmask)
+            v = tl.math.div_rn(t, s[:, None])
+        else:
+            s = _scale(tl.load(hq_amax_ptr), HQ_QMAX)
+            if (pid_r == 0) & (pid_c == 0):
+                tl.store(hq_s_ptr, s)
+            v = tl.math.div_rn(t, tl.full(t.shape, 1.0, tl.float32) * s)
+        # Row-major index of the code in q, modulo 2^32 (the hash stream's counter).
+        off = _idx(rows[:, None], IDX64) * C16 + cols[None, :]
+        q = _round(v, off.to(tl.uint32), hq_key.to(tl.uint32, bitcast=True), HQ_QMAX, HQ_STOCH)
+        tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
+    if DO_HLA:
+        cmask = cols < C
+        z = _hla_z(x, tb_ptr, BLOCK_R, ZR, RP, DOT_DTYPE, PREC)  # (ZR, BLOCK_C)
+        if HLA_ROW:
+            s = _scale(tl.load(hla_amax_ptr + cols, mask=cmask, other=0), HLA_QMAX)
+            if pid_r == 0:
+                tl.store(hla_s_ptr + cols, s, mask=cmask)
+            v = tl.math.div_rn(z, s[None, :])
+        else:
+            s = _scale(tl.load(hla_amax_ptr), HLA_QMAX)
+            if (pid_r == 0) & (pid_c == 0):
+                tl.store(hla_s_ptr, s)
+            v = tl.math.div_rn(z, tl.full(z.shape, 1.0, tl.float32) * s)
+        k = tl.arange(0, ZR)
+        if RP == RANK:
+            # Power-of-two rank (every rank HLAConfig allows): the tile's codes of one column
+            # are ZR consecutive bytes, jb * RANK + tk == pid_r * ZR + k; written as such, the
+            # compiler sees the contiguity and vectorizes the stores.
+            keep = k < (NBLK - pid_r * (BLOCK_R // 16)) * RANK
+            off = _idx(cols[None, :], IDX64) * LR + (pid_r * ZR + k)[:, None]
+        else:
+            jb = pid_r * (BLOCK_R // 16) + k // RP
+            tk = k % RP
+            keep = (tk < RANK) & (jb < NBLK)
+            off = _idx(cols[None, :], IDX64) * LR + (jb * RANK + tk)[:, None]
+        q = _round(v, off.to(tl.uint32), hla_key.to(tl.uint32, bitcast=True), HLA_QMAX, HLA_STOCH)
+        tl.store(hla_q_ptr + off, q, mask=keep[:, None] & cmask[None, :])

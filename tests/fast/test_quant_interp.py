@@ -148,3 +148,20 @@ def test_absmax_workspace_forgets_earlier_calls():
         torch.testing.assert_close(s1, sr1, rtol=1e-6, atol=0)
         torch.testing.assert_close(s2, sr2, rtol=1e-6, atol=0)
         assert (q1.int() - qr1.int()).abs().max() <= 1 and (q2.int() - qr2.int()).abs().max() <= 1
+
+
+@pytest.mark.parametrize("idx64", [False, True])
+def test_int32_and_int64_offsets_agree(monkeypatch, idx64):
+    # The kernels use int32 offsets unless a tensor can pass 2^31 elements; both variants must
+    # give the reference's codes (the int64 one is forced here on a small tensor).
+    monkeypatch.setattr(fq, "FORCE_IDX64", idx64)
+    fq._pass_plan.cache_clear()
+    x = _x((37, 50), torch.float32, 3)
+    q1, s1, q2, s2 = fq.gy_quantize(x, 4, "row", True, 11, 8, "lowpass", 8, "row", True, 12)
+    with quant.hash_rng():
+        qr1, sr1 = ref.hq_quantize(x, 4, "row", True, 11)
+        qr2, sr2 = ref.hla_quantize(x, 8, "lowpass", 8, "row", True, 12)
+    check_codes(q1, s1, qr1, sr1, ref.hq_transform(x), 4, True, 11)
+    check_codes(q2, s2, qr2, sr2, ref.hla_transform(x, 8, "lowpass"), 8, True, 12,
+                tol=_hla_tol(x, sr2, 8))
+    fq._pass_plan.cache_clear()
