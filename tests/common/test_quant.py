@@ -1,7 +1,7 @@
 """Quantizer math (hot.common.quant): levels, scales, rounding, and both random streams.
 
 Stochastic-rounding bounds. For v with fractional part f, one draw q = floor(v + u) is v - f or
-v - f + 1, so E[q] = v (up to the 2^-24 grid of u) and Var[q] = f (1 - f) <= 1/4. The mean of n
+v - f + 1, so E[q] = v (up to the grid of u: U_GRID_BIAS) and Var[q] = f (1 - f) <= 1/4. The mean of n
 independent draws therefore has sd <= 1 / (2 sqrt n); we allow 5 sd (two-sided Gaussian tail
 5.7e-7 per element, so < 1e-4 over the few hundred elements tested; seeds are fixed anyway).
 """
@@ -9,13 +9,16 @@ independent draws therefore has sd <= 1 / (2 sqrt n); we allow 5 sd (two-sided G
 import contextlib
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from hot.common import quant
 
 STREAMS = ("default", "hash")
-U_GRID_BIAS = 2.0**-24  # E[floor(v+u)] - v for u on the grid k / 2^24 (quant docstring)
+# |E[floor(v+u)] - v| for u on each stream's grid (quant docstring): the default CPU stream's
+# 16-bit midpoints, the hash stream's k / 2^24.
+U_GRID_BIAS = {"default": 2.0**-17, "hash": 2.0**-24}
 
 
 def _stream(name):
@@ -97,7 +100,7 @@ def test_stochastic_rounding_unbiased_and_within_one_step(bits, stream):
         assert ((draws - v64).abs() < 1).all(), "a draw left the two neighbouring levels"
         assert torch.equal(draws, draws.round())
         k = draws.shape[0]
-        bound = 5 / (2 * math.sqrt(k)) + U_GRID_BIAS
+        bound = 5 / (2 * math.sqrt(k)) + U_GRID_BIAS[stream]
         err = (draws.mean(0) - v64).abs()
         assert err.max().item() <= bound, (err.max().item(), bound)
     # Exact levels never move.
@@ -105,7 +108,7 @@ def test_stochastic_rounding_unbiased_and_within_one_step(bits, stream):
     assert torch.equal(q[:, ints], v64[ints].expand(n, -1))
     # A systematic bias would show in the average over all n * m draws: sd <= 1/(2 sqrt(n m)).
     m = v.numel()
-    assert abs((q - v64).mean().item()) <= 5 / (2 * math.sqrt(n * m)) + U_GRID_BIAS
+    assert abs((q - v64).mean().item()) <= 5 / (2 * math.sqrt(n * m)) + U_GRID_BIAS[stream]
 
 
 @pytest.mark.parametrize("stream", STREAMS)
@@ -219,23 +222,45 @@ def test_expected_sr_error_matches_monte_carlo(mode):
     assert abs(errs.mean().item() - expect) <= 5 * sd_mean
 
 
-def test_default_cpu_stream_split_across_threads_is_deterministic_and_uniform():
-    # Large CPU tensors are drawn in two halves in parallel (quant._cpu_uniform): the result must
-    # still be a pure function of (seed, shape), and the halves independent streams.
-    shape = (700, 1000)  # 700k elements > the split threshold (2^18)
-    a = quant.uniform(11, shape)
-    assert torch.equal(a, quant.uniform(11, shape))
-    assert not torch.equal(a, quant.uniform(12, shape))
-    flat = a.flatten()
-    h = flat.numel() // 2
-    assert not torch.equal(flat[:1000], flat[h:h + 1000])
-    assert flat.min() >= 0 and flat.max() < 1
-    # Mean of 350k U[0,1) draws per half: sd = sqrt(1/12 / 350000) = 4.9e-4; 5 sd = 2.4e-3.
-    for part in (flat[:h], flat[h:]):
-        assert abs(part.mean().item() - 0.5) < 2.4e-3
-    # Halves uncorrelated: the sample correlation of 350k pairs has sd 1/sqrt(350000) = 1.7e-3.
-    c = torch.corrcoef(torch.stack([flat[:h], flat[h:2 * h]]))[0, 1].item()
+def _default_u_spec(seed, n):
+    # The default CPU stream as the quant module docstring defines it, written independently:
+    # u = (w + 1/2) / 2^16 over the 16-bit words w of PCG64's raw outputs, least significant first.
+    raw = np.random.PCG64(np.random.SeedSequence([seed])).random_raw((n + 3) // 4)
+    words = [(r >> (16 * j)) & 0xFFFF for r in raw.tolist() for j in range(4)]
+    return [(w + 0.5) / 2.0**16 for w in words[:n]]
+
+
+@pytest.mark.parametrize("seed", [0, 5, 2**31 - 1])
+def test_default_cpu_stream_matches_its_documented_formula(seed):
+    shape = (7, 9)  # 63 elements: the last raw output contributes three of its four words
+    assert quant.uniform(seed, shape).flatten().tolist() == _default_u_spec(seed, 63)
+    big = quant.uniform(seed, (700, 1000)).flatten()
+    assert big[-6:].tolist() == _default_u_spec(seed, 700_000)[-6:]
+
+
+def test_default_cpu_stream_is_the_16_bit_midpoint_grid_and_uniform():
+    u = quant.uniform(11, (700, 1000)).flatten().to(torch.float64)
+    k = u * 2**16 - 0.5
+    assert torch.equal(k, k.round()) and k.min() >= 0 and k.max() <= 2**16 - 1
+    # Mean of 700k U[0,1) draws: sd = sqrt(1/12 / 700000) = 3.5e-4; 5 sd = 1.7e-3.
+    assert abs(u.mean().item() - 0.5) < 1.7e-3
+    # Consecutive words (the four quarters of one raw output) uncorrelated: the sample
+    # correlation of 350k pairs has sd 1/sqrt(350000) = 1.7e-3.
+    c = torch.corrcoef(torch.stack([u[0::2], u[1::2]]))[0, 1].item()
     assert abs(c) < 5 * 1.7e-3
+
+
+def test_default_stream_rounding_probability_is_the_rounded_fraction():
+    """The bias bound of the module docstring, exactly: with u on the midpoints (k + 1/2) / 2^16,
+    floor(v + u) rounds up for exactly round(2^16 f) of the 2^16 values of u. Checked on every
+    grid value of u at once (not by sampling), for fractions on and between grid points."""
+    grid = (torch.arange(2**16, dtype=torch.float64) + 0.5) / 2**16
+    for f in (0.0, 0.25, 1 / 3, 0.5 + 2**-18, 1 - 2**-17, 3 * 2**-17):
+        v = torch.tensor(5.0 + f, dtype=torch.float32)
+        ups = int((torch.floor(v + grid.to(torch.float32)) == 6).sum())
+        fv = float(v) - 5  # f as float32 holds it
+        assert ups == math.floor(2**16 * fv + 0.5)
+        assert abs(ups / 2**16 - fv) <= 2**-17
 
 
 @pytest.mark.parametrize("stream", STREAMS)

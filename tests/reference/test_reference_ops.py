@@ -125,6 +125,28 @@ def test_int_gemm_nt_is_exact_on_integer_codes(k):
     torch.testing.assert_close(out.double(), want, rtol=2.5 * 2**-24, atol=0)
 
 
+@pytest.mark.parametrize("k", [0, 1040, 1041, 3200])
+def test_int_product_chunks_equal_the_int64_product_rounded_once(k):
+    """_int_product cuts contractions past the float32 bound into chunks of
+    (2^24 - 1) // (127 * 127) = 1040 columns: k = 1041 leaves a one-column chunk, 3200 is the demo's
+    HLA length. Rows of all +127 / alternating signs make partial sums reach 5e7 > 2^24, where a
+    single float32 accumulator would round; the result must be the int64 product rounded to
+    float32 exactly once."""
+    g = torch.Generator().manual_seed(k + 1)
+    a = torch.randint(-127, 128, (6, k), generator=g, dtype=torch.int8)
+    b = torch.randint(-127, 128, (5, k), generator=g, dtype=torch.int8)
+    if k:
+        a[0], b[0] = 127, 127
+        a[1] = torch.where(torch.arange(k) % 2 == 0, 127, -127).to(torch.int8)
+        b[1] = torch.where(torch.arange(k) % 2 == 0, 127, -127).to(torch.int8)
+        b[2] = 0
+    exact = a.to(torch.int64) @ b.to(torch.int64).T
+    got = ref._int_product(a, b)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, exact.to(torch.float32))  # int64 -> float32 rounds once, to nearest
+    assert torch.equal(ref._int_product(torch.zeros_like(a), b), torch.zeros(6, 5))
+
+
 def test_int_gemm_nt_float_operands_float64():
     a, b = _x(5, 16, 3), _x(6, 16, 4)
     sa, sb = torch.ones(5, 1), torch.ones(1, 1)
