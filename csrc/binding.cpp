@@ -50,12 +50,39 @@ using Result = std::tuple<torch::Tensor, std::string>;
 Result ok(torch::Tensor t) { return Result(std::move(t), std::string()); }
 Result fail(std::string err) { return Result(torch::Tensor(), std::move(err)); }
 
-// Error strings, prefixed with the Python class _ext.py raises. c10::str formats like
-// TORCH_CHECK did, so the messages are unchanged.
+// Error strings are built by std::string concatenation only, never std::ostringstream (so never
+// c10::str or TORCH_CHECK): on the H200 machine (torch 2.11, g++ 13.3 JIT build) any
+// std::ostringstream instantiated in a JIT-built extension crashes the process with SIGSEGV,
+// while concatenation, a local throw/catch and returning strings work (scripts/diag_cxx.py,
+// docs/kernels.md). The formats match what c10::str printed.
+void append(std::string& s, const std::string& v) { s += v; }
+void append(std::string& s, const char* v) { s += v; }
+void append(std::string& s, char v) { s += v; }
+template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+void append(std::string& s, T v) { s += std::to_string(v); }
+void append(std::string& s, c10::IntArrayRef v) {
+  s += '[';
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  s += ']';
+}
+void append(std::string& s, const torch::Device& d) {
+  s += c10::DeviceTypeName(d.type(), /*lower_case=*/true);
+  if (d.has_index()) s += ":" + std::to_string(d.index());
+}
+void append(std::string& s, torch::ScalarType t) { s += c10::toString(t); }
+
 template <typename... Args>
-std::string value_error(const Args&... args) { return c10::str("ValueError: ", args...); }
+std::string cat(const Args&... args) {
+  std::string s;
+  (append(s, args), ...);
+  return s;
+}
+
+// Error strings, prefixed with the Python class _ext.py raises.
 template <typename... Args>
-std::string runtime_error(const Args&... args) { return c10::str("RuntimeError: ", args...); }
+std::string value_error(const Args&... args) { return cat("ValueError: ", args...); }
+template <typename... Args>
+std::string runtime_error(const Args&... args) { return cat("RuntimeError: ", args...); }
 
 // A check that returns its error string instead of throwing; used inside functions returning
 // std::string (empty = ok).
@@ -74,7 +101,7 @@ Result guarded(const char* fn, F&& body) {
   try {
     return body();
   } catch (const c10::OutOfMemoryError& e) {
-    return fail(c10::str("OutOfMemoryError: hot.fast._C.", fn, ": ", e.what_without_backtrace()));
+    return fail(cat("OutOfMemoryError: hot.fast._C.", fn, ": ", e.what_without_backtrace()));
   } catch (const c10::Error& e) {
     return fail(runtime_error("hot.fast._C.", fn, ": ", e.what_without_backtrace()));
   } catch (const std::exception& e) {

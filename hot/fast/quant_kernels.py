@@ -80,8 +80,9 @@ def _scale(amax_tagged, QMAX: tl.constexpr):
 @triton.jit
 def _idx(v, IDX64: tl.constexpr):
     # Offsets in int64 only where a tensor can pass 2^31 elements: int32 index math is cheaper.
+    # One return statement: triton 3.6 rejects differently typed returns even under a constexpr if.
     if IDX64:
-        return v.to(tl.int64)
+        v = v.to(tl.int64)
     return v
 
 
