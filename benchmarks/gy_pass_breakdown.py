@@ -9,7 +9,11 @@ program, against 0.25 ms for the 2-D grid without a loop). The quantize kernel i
 pass (0.26 of 0.30 ms) while the stats kernel, which reads the same tile and runs the same two
 transforms, is near its read floor (0.047 ms): the cost is in quantize's per-element work.
 
-    python benchmarks/gy_pass_breakdown.py
+    python benchmarks/gy_pass_breakdown.py [--ab]
+
+--ab: on the ViT-B qkv g_y (25216 x 2304 bf16) only, what the quantize kernel's parts cost: the
+default; round-to-nearest instead of stochastic rounding (no hash); multiply by the reciprocal
+scale instead of the exact division (not the spec: timing only); other tiles.
 
 Floor = (one read of g_y + the HQ codes + the HLA codes) / copy bandwidth, as in hot.bench.backward.
 """
@@ -37,10 +41,10 @@ def host_us(fn, n=30):
     return ts[n // 2] * 1e6
 
 
-def _parts(x):
+def _parts(x, hq=HQ, hla=HLA):
     """(stats only, quantize only) launchers for x."""
     r, c = x.shape
-    p = fq._pass_plan(r, c, x.stride(), x.dtype, x.device, HQ[:3], HLA[:5])
+    p = fq._pass_plan(r, c, x.stride(), x.dtype, x.device, hq[:3], hla[:5])
     nh, nl = p["nh"], p["nl"]
     hq_q = torch.empty((r, p["c16"]), dtype=torch.int8, device=x.device)
     hq_s = torch.empty((nh, 1), dtype=torch.float32, device=x.device)
@@ -62,7 +66,29 @@ def _parts(x):
     return stats, quant
 
 
+def ab():
+    x = torch.randn(25216, 2304, device="cuda", dtype=torch.bfloat16)
+    nearest = ((4, "row", False, 1), (8, "lowpass", 8, "row", False, 2))
+    for name, tile, recip, args in (("default", None, False, (HQ, HLA)),
+                                    ("round to nearest", None, False, nearest),
+                                    ("reciprocal (timing only)", None, True, (HQ, HLA)),
+                                    ("tile 32x64x4", (32, 64, 4), False, (HQ, HLA)),
+                                    ("tile 64x128x4", (64, 128, 4), False, (HQ, HLA)),
+                                    ("tile 128x64x8", (128, 64, 8), False, (HQ, HLA)),
+                                    ("tile 64x64x8", (64, 64, 8), False, (HQ, HLA))):
+        fq._FIXED, fq._RECIP_TIMING_ONLY = tile, recip
+        fq._kernels.cache_clear()
+        fq._pass_plan.cache_clear()
+        st, qu = _parts(x, *args)
+        print(f"ab {name:26s}: stats {bench(st):.3f} ms, quant {bench(qu):.3f} ms", flush=True)
+    fq._FIXED, fq._RECIP_TIMING_ONLY = None, False
+    fq._kernels.cache_clear()
+    fq._pass_plan.cache_clear()
+
+
 def main():
+    if "--ab" in sys.argv:
+        return ab()
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     for idx64, (r, c) in [(i, sh) for i in (False, True) for sh in SHAPES]:

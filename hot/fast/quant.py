@@ -131,6 +131,11 @@ def _tl_dtype(name: str):
 FORCE_IDX64 = os.environ.get("HOT_FAST_IDX64", "0") not in ("", "0")
 
 
+# Multiply by the reciprocal scale instead of dividing: not the spec (codes may flip), only for
+# timing the exact division in benchmarks/gy_pass_breakdown.py. Never set elsewhere.
+_RECIP_TIMING_ONLY = False
+
+
 class _Workspace:
     """The epoch-tagged absmax vector of the stats kernel, reused across calls (no memset).
 
@@ -182,7 +187,7 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
               IDX64=FORCE_IDX64 or reach + max(c16, l16) >= 1 << 31)
     qsw = dict(sw, RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
                HQ_STOCH=bool(hq and hq[2]), HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0,
-               HLA_STOCH=bool(hla and hla[4]))
+               HLA_STOCH=bool(hla and hla[4]), RECIP=_RECIP_TIMING_ONLY)
     return dict(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, h16=h16, t=t, stats=stats, quant=quant_,
                 grid=grid, sw=sw, qsw=qsw)
 

@@ -87,6 +87,18 @@ def _idx(v, IDX64: tl.constexpr):
 
 
 @triton.jit
+def _div(t, s, RECIP: tl.constexpr):
+    # t / s correctly rounded: the spec (hot.common.quant). RECIP = t * (1 / s) instead is NOT
+    # the spec (up to 1 ulp off, so codes may flip); it exists only so that
+    # benchmarks/gy_pass_breakdown.py can measure what the exact division costs.
+    if RECIP:
+        v = t * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    else:
+        v = tl.math.div_rn(t, s)
+    return v
+
+
+@triton.jit
 def _load_tile(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                DOT_DTYPE: tl.constexpr, IDX64: tl.constexpr):
     rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -155,7 +167,7 @@ def quant_kernel(
     RANK: tl.constexpr, RP: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr, RECIP: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     ZR: tl.constexpr = BLOCK_R // 16 * RP
@@ -169,12 +181,12 @@ def quant_kernel(
             s = _scale(tl.load(hq_amax_ptr + rows, mask=rmask, other=0), HQ_QMAX)
             if pid_c == 0:
                 tl.store(hq_s_ptr + rows, s, mask=rmask)
-            v = tl.math.div_rn(t, s[:, None])
+            v = _div(t, s[:, None], RECIP)
         else:
             s = _scale(tl.load(hq_amax_ptr), HQ_QMAX)
             if (pid_r == 0) & (pid_c == 0):
                 tl.store(hq_s_ptr, s)
-            v = tl.math.div_rn(t, tl.full(t.shape, 1.0, tl.float32) * s)
+            v = _div(t, tl.full(t.shape, 1.0, tl.float32) * s, RECIP)
         # Row-major index of the code in q, modulo 2^32 (the hash stream's counter).
         off = _idx(rows[:, None], IDX64) * C16 + cols[None, :]
         q = _round(v, off.to(tl.uint32), hq_key.to(tl.uint32, bitcast=True), HQ_QMAX, HQ_STOCH)
@@ -186,12 +198,12 @@ def quant_kernel(
             s = _scale(tl.load(hla_amax_ptr + cols, mask=cmask, other=0), HLA_QMAX)
             if pid_r == 0:
                 tl.store(hla_s_ptr + cols, s, mask=cmask)
-            v = tl.math.div_rn(z, s[None, :])
+            v = _div(z, s[None, :], RECIP)
         else:
             s = _scale(tl.load(hla_amax_ptr), HLA_QMAX)
             if (pid_r == 0) & (pid_c == 0):
                 tl.store(hla_s_ptr, s)
-            v = tl.math.div_rn(z, tl.full(z.shape, 1.0, tl.float32) * s)
+            v = _div(z, tl.full(z.shape, 1.0, tl.float32) * s, RECIP)
         k = tl.arange(0, ZR)
         if RP == RANK:
             # Power-of-two rank (every rank HLAConfig allows): the tile's codes of one column
