@@ -13,7 +13,9 @@ transforms, is near its read floor (0.047 ms): the cost is in quantize's per-ele
 
 --ab: on the ViT-B qkv g_y (25216 x 2304 bf16) only, what the quantize kernel's parts cost: the
 default; round-to-nearest instead of stochastic rounding (no hash); multiply by the reciprocal
-scale instead of the exact division (not the spec: timing only); other tiles.
+scale instead of the exact division (not the spec: timing only); other tiles. (Also measured
+once, run 7, and dropped: HQ and HLA quantized by two launches after the shared stats launch,
+quantize 0.196 ms, whole pass 0.267 vs 0.252 ms fused.)
 
 Floor = (one read of g_y + the HQ codes + the HLA codes) / copy bandwidth, as in hot.bench.backward.
 """
