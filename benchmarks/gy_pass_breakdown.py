@@ -20,27 +20,16 @@ quantize 0.196 ms, whole pass 0.267 vs 0.252 ms fused.)
 Floor = (one read of g_y + the HQ codes + the HLA codes) / copy bandwidth, as in hot.bench.backward.
 """
 import sys
-import time
 
 import torch
 
-from hot.bench.timing import bench, copy_bandwidth
+from hot.bench.timing import bench, copy_bandwidth, host_us
 from hot.fast import quant as fq
 
 SHAPES = [(25216, 2304), (25216, 768), (4096, 28672)]
 HQ = (4, "row", True, 1)
 HLA = (8, "lowpass", 8, "row", True, 2)
 
-
-def host_us(fn, n=30):
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return ts[n // 2] * 1e6
 
 
 def _parts(x, hq=HQ, hla=HLA):

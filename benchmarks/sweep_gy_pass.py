@@ -3,25 +3,14 @@ print the median time (autotuned tile, hot.fast.quant._TILES) and % of copy band
 pass (hq_quantize of a transposed 768x2304 / 4096x4096 weight), and the host time of one call
 (CPU clock around a call made with an empty GPU queue)."""
 import sys
-import time
 
 import torch
 
-from hot.bench.timing import bench, copy_bandwidth
+from hot.bench.timing import bench, copy_bandwidth, host_us
 from hot.fast import quant as fq
 
 SHAPES = [(25216, 2304), (25216, 768), (4096, 28672)]
 
-
-def host_us(fn, n=20):
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return ts[n // 2] * 1e6
 
 
 def main():

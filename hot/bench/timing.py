@@ -22,6 +22,21 @@ def bench(fn, sets=None, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     return float(do_bench(run, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def host_us(fn, n: int = 30) -> float:
+    """Median microseconds of host (CPU) time of one ``fn()`` made with an empty GPU queue: the
+    launch overhead a call pays before any kernel runs."""
+    import time
+
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return ts[n // 2] * 1e6
+
+
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     """Bytes/s of a device-to-device copy, counting bytes read plus bytes written."""
     a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
