@@ -132,10 +132,11 @@ def _cpu_uniform(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
 
     Why not torch.rand or numpy's float32 ``random``: both make one generator call per number,
     while one raw 64-bit output gives four 16-bit thresholds; in the demo's training step this
-    cut the time spent on random numbers from 112 to about 55 ms (torch.rand is slower still),
-    and random numbers are the largest cost of the reference's backward on a CPU. The price is
-    the 2^-17 bias bound above instead of 2^-24 (docs/algorithm.md, differences table). One
-    thread: drawing halves in parallel measured slower inside a training step on two cores."""
+    cut the time spent on random numbers from about 135 to 52-67 ms (torch.rand is slower
+    still), and random numbers are the largest cost of the reference's backward on a CPU. The
+    price is the 2^-17 bias bound above instead of 2^-24 (docs/algorithm.md, differences
+    table). One thread: drawing halves in parallel measured slower inside a training step on
+    two cores."""
     n = math.prod(shape)
     raw = np.random.PCG64(np.random.SeedSequence([seed])).random_raw((n + 3) // 4)
     u = torch.from_numpy(raw.view(np.uint16)[:n]).to(torch.float32)
