@@ -30,6 +30,11 @@ def split_k_elems(k: int, block_k: int = 256) -> int:
     return (INT32_SAFE // MAX_PROD) // block_k * block_k
 
 
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the default Triton int8 GEMM (one of _configs();
+# the CUTLASS GEMMs replace it where the extension is built).
+_FIXED_GEMM = (128, 128, 64, 4, 4)
+
+
 def _configs():
     import triton
 
@@ -73,10 +78,19 @@ def triton_int8_gemm_nt(a, b, sa, sb, out_dtype, split_k: int | None = None):
         int8_gemm_nt_kernel[grid](*args, BLOCK_M=16, BLOCK_N=16, BLOCK_K=bk, GROUP_M=2,
                                   SPLIT_K_ELEMS=ska)
         return out
-    kern = _tuned()
-    grid = lambda meta: (((m + meta["BLOCK_M"] - 1) // meta["BLOCK_M"])  # noqa: E731
-                         * ((n + meta["BLOCK_N"] - 1) // meta["BLOCK_N"]),)
-    kern[grid](*args, SPLIT_K_ELEMS=ska)
+    if os.environ.get("HOT_FAST_AUTOTUNE", "0") not in ("", "0"):
+        kern = _tuned()
+        grid = lambda meta: (((m + meta["BLOCK_M"] - 1) // meta["BLOCK_M"])  # noqa: E731
+                             * ((n + meta["BLOCK_N"] - 1) // meta["BLOCK_N"]),)
+        kern[grid](*args, SPLIT_K_ELEMS=ska)
+        return out
+    # One fixed configuration by default, like the quantizers: autotuning compiles and times 5
+    # configurations for every new (M, N, K), which a training run meets at every layer shape
+    # and every last batch of an epoch, and its timing buffer (256 MB) lands in the peak memory.
+    bm, bn, bk, w, st = _FIXED_GEMM
+    grid = ((m + bm - 1) // bm * ((n + bn - 1) // bn),)
+    int8_gemm_nt_kernel[grid](*args, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+                              SPLIT_K_ELEMS=ska, num_warps=w, num_stages=st)
     return out
 
 
