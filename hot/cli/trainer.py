@@ -149,6 +149,23 @@ def prepare_model(builder, spec: RunSpec, device):
     return model.to(device), built
 
 
+def backend_summary(model) -> Optional[str]:
+    """Which backend the HOT layers ran on ('reference', or 'fast' with its GEMM: CUTLASS where
+    the csrc extension is built, else Triton, with why it is not built); None without HOT layers."""
+    names = sorted({b for _, m in hot.hot_layers(model) for b in m._hot_resolved.values()})
+    if not names:
+        return None
+    out = []
+    for b in names:
+        if b == "fast":
+            from ..fast import _ext
+
+            why = _ext.why_unavailable()
+            b = "fast (GEMMs: CUTLASS)" if why is None else f"fast (GEMMs: Triton; CUTLASS {why})"
+        out.append(b)
+    return ", ".join(out)
+
+
 def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
     """Train one model; returns metrics (see docs/cli.md for the fields)."""
     method = METHODS[spec.method]
@@ -236,7 +253,10 @@ def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
         "saved_bytes_by_layer": mem["by_layer"], **st,
         "history": history,
         "hot_layers": len(hot.hot_layers(model)),
+        "hot_backend": backend_summary(model),
     }
+    if result["hot_backend"]:
+        log(f"[{label}] HOT backend: {result['hot_backend']}")
     if peak is None:
         result["peak_memory_bytes"] = st["weights"] + st["gradients"] + st["optimizer"] + mem["total"]
     result["model"] = model

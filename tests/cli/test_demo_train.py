@@ -21,6 +21,8 @@ def test_demo_smoke(run_cli, tmp_path):
     ratio = runs["fp32"]["saved_bytes_linear"] / runs["hot"]["saved_bytes_linear"]
     assert 7.0 < ratio < 8.0  # fp32 4 bytes vs int8 on 8 of 16 rows, plus scales/padding
     assert runs["hot"]["hot_layers"] > 0 and runs["fp32"]["hot_layers"] == 0
+    # The table says which backend HOT ran on (on a CPU, 'auto' resolves to the reference).
+    assert runs["hot"]["hot_backend"] == "reference" and runs["fp32"]["hot_backend"] is None
     assert (tmp_path / "curves.png").stat().st_size > 1000
     assert (tmp_path / "metrics.json").exists()
 
