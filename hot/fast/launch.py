@@ -5,10 +5,10 @@
 options and looks the compiled kernel up; from Python that costs tens of microseconds per launch,
 which for HOT's small per-layer kernels is more than the kernels themselves (docs/performance.md).
 
-``Direct(kernel)`` keeps the compiled kernels in a dict keyed by a cheaper key (the runtime
-arguments' specialization properties plus the constexprs' precomputed key, ``Meta``) that is at least as
-fine as Triton's (so a cached kernel is only reused for arguments Triton would have compiled the
-same way), and launches a hit through the compiled kernel's own launcher. A miss goes through
+``Direct(kernel)`` keeps the compiled kernels in a dict keyed by a cheaper key: the runtime
+arguments' specialization properties plus the constexprs' key, computed once (``Meta``). The key
+is at least as fine as Triton's, so a cached kernel is only reused for arguments Triton would
+have compiled the same way. A hit is launched through the compiled kernel's own launcher. A miss goes through
 ``kernel[grid]`` (which compiles and launches) and caches what it returns. Under the Triton
 interpreter, or while a launch hook is installed (profilers), every call takes the normal path.
 """
