@@ -19,7 +19,7 @@ def main():
         gs = [(torch.randn(r, c, device="cuda", dtype=torch.bfloat16),) for _ in range(3)]
         floor = (r * c * 2 + r * c + c * r // 2) / bw * 1e3
         ms = bench(lambda g: fq.gy_quantize(g, 4, "row", True, 1, 8, "lowpass", 8, "row", True, 2), gs)
-        st, qu = fq._kernels(32, None)
+        st, qu, _ = fq._kernels(32, None)
         best = [str(getattr(k.__closure__[0].cell_contents, "best_config", None)) for k in (st, qu)]
         hu = host_us(lambda: fq.gy_quantize(gs[0][0], 4, "row", True, 1, 8, "lowpass", 8, "row", True, 2))
         print(f"gy_pass {r}x{c}: {ms:.3f} ms, floor {floor:.3f} ms ({100 * floor / ms:.0f}% of copy), "

@@ -241,11 +241,11 @@ def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
     st = state_bytes(model)
     # The median step: on a GPU the first call of every new shape (the last, smaller batch of an
     # epoch included) compiles Triton kernels, seconds that a mean would spread over the run.
-    warm = sorted(step_times)
+    times = sorted(step_times)
     result = {
         "label": label, "method": spec.method, "device": str(device),
         "test_acc": history["epochs"][-1]["test_acc"] if history["epochs"] else None,
-        "steps": step, "time_per_step_s": warm[len(warm) // 2] if warm else None,
+        "steps": step, "time_per_step_s": times[len(times) // 2] if times else None,
         "peak_memory_bytes": peak,
         "peak_memory_source": "torch.cuda.max_memory_allocated" if peak is not None else
         "accounting: weights + gradients + AdamW state + all tensors saved for backward",

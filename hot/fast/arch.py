@@ -15,6 +15,17 @@ import torch
 ARCHS = ("sm80", "sm90")
 
 
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0") not in ("", "0")
+
+
+# Read once, at import (Triton reads TRITON_INTERPRET when a kernel is decorated, which is also
+# at import): the Triton interpreter runs the kernels on CPU (tests); HOT_FAST_AUTOTUNE=1 makes
+# the quantizers and the Triton GEMM autotune their tiles instead of using one fixed tile.
+INTERPRET = _flag("TRITON_INTERPRET")
+AUTOTUNE = _flag("HOT_FAST_AUTOTUNE")
+
+
 def _override() -> Optional[str]:
     v = os.environ.get("HOT_FAST_ARCH", "").strip().lower()
     if not v:

@@ -10,13 +10,12 @@ sm_80 (Ampere/Ada, or HOT_FAST_ARCH=sm80): CUTLASS SM80 int4 tensor-op for 4-bit
 from __future__ import annotations
 
 import functools
-import os
 import weakref
 
 import torch
 
 from ..reference import ops as ref
-from .arch import arch_for
+from .arch import AUTOTUNE, INTERPRET, arch_for
 
 INT32_SAFE = (1 << 31) - 1
 MAX_PROD = 128 * 128  # largest |a * b| for int8 codes
@@ -55,10 +54,6 @@ def _tuned():
     return triton.autotune(_configs(), key=["M", "N", "K", "SPLIT_K_ELEMS"])(int8_gemm_nt_kernel)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def triton_int8_gemm_nt(a, b, sa, sb, out_dtype, split_k: int | None = None):
     """The Triton path for int8 a (M, K), b (N, K); ``split_k`` overrides the chunk (tests)."""
     from .gemm_kernels import int8_gemm_nt_kernel
@@ -72,13 +67,13 @@ def triton_int8_gemm_nt(a, b, sa, sb, out_dtype, split_k: int | None = None):
     args = (a, b, sa, sb, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             sa.stride(0) if sa.shape[0] > 1 else 0, sb.stride(0) if sb.shape[0] > 1 else 0,
             out.stride(0), out.stride(1))
-    if _interpreting() or a.device.type != "cuda":
+    if INTERPRET or a.device.type != "cuda":
         bk = 32
         grid = ((m + 15) // 16 * ((n + 15) // 16),)
         int8_gemm_nt_kernel[grid](*args, BLOCK_M=16, BLOCK_N=16, BLOCK_K=bk, GROUP_M=2,
                                   SPLIT_K_ELEMS=ska)
         return out
-    if os.environ.get("HOT_FAST_AUTOTUNE", "0") not in ("", "0"):
+    if AUTOTUNE:
         kern = _tuned()
         grid = lambda meta: (((m + meta["BLOCK_M"] - 1) // meta["BLOCK_M"])  # noqa: E731
                              * ((n + meta["BLOCK_N"] - 1) // meta["BLOCK_N"]),)

@@ -15,11 +15,10 @@ interpreter, or while a launch hook is installed (profilers), every call takes t
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-_INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from .arch import INTERPRET
+
 _I32 = (-(1 << 31), 1 << 31)
 
 
@@ -59,7 +58,7 @@ class Direct:
         self.tails: dict = {}
 
     def __call__(self, grid, args: tuple, meta: Meta):
-        if _INTERP or _hooks():
+        if INTERPRET or _hooks():
             self.fn[grid](*args, **meta.kw)
             return
         key = (meta.key, tuple(map(_spec, args)))

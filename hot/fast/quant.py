@@ -20,11 +20,12 @@ from ..common.config import BLOCK
 from ..common.ops import pad_to
 from ..common.walsh import hadamard16, hla_matrix
 from ..reference import ops as ref
+from .arch import AUTOTUNE, INTERPRET
+from .launch import Meta
 
 # Tile of one program: multiples of 16 (whole Hadamard / Walsh blocks in both directions).
 # HOT_FAST_QTILE="R,C,warps" overrides it (benchmarks/sweep_gy_pass.py sweeps it on a GPU).
 BLOCK_R, BLOCK_C, NUM_WARPS = (int(v) for v in os.environ.get("HOT_FAST_QTILE", "64,64,4").split(","))
-_INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _pow2(n: int) -> int:
@@ -47,40 +48,33 @@ _TILES = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (32, 128, 4), 
 
 @functools.lru_cache(maxsize=None)
 def _kernels(min_br: int, fixed: Optional[tuple]):
-    """(stats, quant) launchers, each called as launcher(grid_fn, args, meta): one fixed tile
-    (BLOCK_R x BLOCK_C, HOT_FAST_QTILE; always in the interpreter) launched through
-    hot.fast.launch.Direct, or with HOT_FAST_AUTOTUNE=1 on a GPU autotuned over _TILES (keyed by
-    shape and switches) through Triton's autotuner."""
+    """(stats, quant, tile): launchers called as launcher(grid_fn, args, meta) with meta a
+    hot.fast.launch.Meta of the kernel's switches plus ``tile``. One fixed tile (BLOCK_R x
+    BLOCK_C, HOT_FAST_QTILE; always in the interpreter) launched through launch.Direct, or, with
+    HOT_FAST_AUTOTUNE=1 on a GPU, tiles autotuned over _TILES (keyed by shape and switches) by
+    Triton's autotuner; then ``tile`` is empty.
+
+    Autotuning is off by default: it compiles every tile for every kernel specialization on
+    first use (12 Triton compiles per dtype x scale-mode x HQ/HLA combination)."""
     import triton
 
-    from .launch import Direct, Meta
+    from .launch import Direct
     from .quant_kernels import quant_kernel, stats_kernel
 
     tiles = [fixed] if fixed else [t for t in _TILES if t[0] >= min_br]
-    if fixed or _INTERP or not _AUTOTUNE:
+    if fixed or INTERPRET or not AUTOTUNE:
         br, bc, w = tiles[0] if fixed else (max(BLOCK_R, min_br), BLOCK_C, NUM_WARPS)
         tile = dict(BLOCK_R=br, BLOCK_C=bc, num_warps=w)
         st, qu = Direct(stats_kernel), Direct(quant_kernel)
-        metas: dict = {}  # id of a plan's switch dict -> (that dict, Meta with the tile)
-
-        def meta(k):
-            m = metas.get(id(k))
-            if m is None or m[0] is not k:
-                m = metas[id(k)] = (k, Meta(**k, **tile))
-            return m[1]
-
-        return (lambda g, a, k: st(g(tile), a, meta(k)), lambda g, a, k: qu(g(tile), a, meta(k)))
+        return (lambda g, a, m: st(g(tile), a, m), lambda g, a, m: qu(g(tile), a, m), tile)
     cfgs = [triton.Config({"BLOCK_R": br, "BLOCK_C": bc}, num_warps=w) for br, bc, w in tiles]
     key = ["R", "C", "DO_HQ", "DO_HLA", "HQ_ROW", "HLA_ROW", "DOT_DTYPE"]
     # Short timing runs: the tile choice is coarse, and every new shape pays this once.
     st = triton.autotune(cfgs, key=key, warmup=5, rep=20)(stats_kernel)
     qu = triton.autotune(cfgs, key=key, warmup=5, rep=20)(quant_kernel)
-    return (lambda g, a, k: st[g](*a, **k), lambda g, a, k: qu[g](*a, **k))
+    return (lambda g, a, m: st[g](*a, **m.kw), lambda g, a, m: qu[g](*a, **m.kw), {})
 
 
-# Off by default: autotuning compiles every tile for every kernel specialization on first use
-# (12 Triton compiles per dtype x scale-mode x HQ/HLA combination; minutes for a test file).
-_AUTOTUNE = os.environ.get("HOT_FAST_AUTOTUNE", "0") not in ("", "0")
 _FIXED = tuple(int(v) for v in os.environ["HOT_FAST_QTILE"].split(",")) \
     if os.environ.get("HOT_FAST_QTILE") else None
 
@@ -104,7 +98,7 @@ def _dot_types_of(dtype: torch.dtype, dev: torch.device):
     bf16/fp16 inputs times the +-1/4 matrices are exact products, summed in fp32 by the tensor
     cores; fp32 inputs need a full-precision fp32 dot. The interpreter's bf16 dot is not exact,
     so it always uses fp32."""
-    if dtype == torch.float32 or _INTERP or dev.type != "cuda":
+    if dtype == torch.float32 or INTERPRET or dev.type != "cuda":
         return "fp32", "ieee"
     return ("bf16" if dtype == torch.bfloat16 else "fp16"), "ieee"
 
@@ -171,7 +165,7 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
     rp = _pow2(rank)
     h16, t = _mats(dev, rank, selection)
     # tl.dot needs every dimension >= 16: the HLA dot has BLOCK_R / 16 * RP rows.
-    stats, quant_ = _kernels(256 // rp if hla else 16, _FIXED)
+    stats, quant_, tile = _kernels(256 // rp if hla else 16, _FIXED)
     dname, prec = _dot_types_of(dtype, dev)
     hq_row = bool(hq and hq[1] == "row")
     hla_row = bool(hla and hla[3] == "row")
@@ -189,7 +183,7 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
                HQ_STOCH=bool(hq and hq[2]), HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0,
                HLA_STOCH=bool(hla and hla[4]), RECIP=_RECIP_TIMING_ONLY)
     return dict(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, h16=h16, t=t, stats=stats, quant=quant_,
-                grid=grid, sw=sw, qsw=qsw)
+                grid=grid, sw=Meta(**sw, **tile), qsw=Meta(**qsw, **tile))
 
 
 def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
