@@ -22,8 +22,9 @@ Interface for the fast backend (all tensors on one CUDA device; nothing here run
     result_or_raise(ret) -> result
         For callers of the raw module: its functions return (result, err) (see Errors below).
 
-Errors: no C++ exception leaves the raw module (on the H200 machine one thrown out of it crashed
-the interpreter; docs/kernels.md). Each of its functions returns (result, err): err is '' on
+Errors: no C++ exception leaves the raw module, and its messages are built without iostreams (on
+the H200 machine any std::ostringstream in a JIT-built extension, TORCH_CHECK included, crashes
+the process; docs/kernels.md). Each of its functions returns (result, err): err is '' on
 success, else "<Class>: <message>" with result None. The wrappers here raise it: ValueError for
 a bad argument (the message names the function, the argument, its value and the fix),
 RuntimeError for a GPU or build that cannot run the kernel or a kernel that failed, and

@@ -204,17 +204,13 @@ def quant_kernel(
             if (pid_r == 0) & (pid_c == 0):
                 tl.store(hla_s_ptr, s)
             v = _div(z, tl.full(z.shape, 1.0, tl.float32) * s, RECIP)
+        # Every rank hla_rows accepts is a power of two, so T has no padding rows (RP == RANK)
+        # and the tile's codes of one column are ZR consecutive bytes: code (block jb, row tk)
+        # sits at jb * RANK + tk == pid_r * ZR + k. Written as such, the compiler sees the
+        # contiguity and vectorizes the stores.
+        tl.static_assert(RP == RANK)
         k = tl.arange(0, ZR)
-        if RP == RANK:
-            # Power-of-two rank (every rank HLAConfig allows): the tile's codes of one column
-            # are ZR consecutive bytes, jb * RANK + tk == pid_r * ZR + k; written as such, the
-            # compiler sees the contiguity and vectorizes the stores.
-            keep = k < (NBLK - pid_r * (BLOCK_R // 16)) * RANK
-            off = _idx(cols[None, :], IDX64) * LR + (pid_r * ZR + k)[:, None]
-        else:
-            jb = pid_r * (BLOCK_R // 16) + k // RP
-            tk = k % RP
-            keep = (tk < RANK) & (jb < NBLK)
-            off = _idx(cols[None, :], IDX64) * LR + (jb * RANK + tk)[:, None]
+        keep = k < (NBLK - pid_r * (BLOCK_R // 16)) * RANK
+        off = _idx(cols[None, :], IDX64) * LR + (pid_r * ZR + k)[:, None]
         q = _round(v, off.to(tl.uint32), hla_key.to(tl.uint32, bitcast=True), HLA_QMAX, HLA_STOCH)
         tl.store(hla_q_ptr + off, q, mask=keep[:, None] & cmask[None, :])
