@@ -79,8 +79,12 @@ def main() -> None:
     torch.cuda.synchronize()
     pr.disable()
     s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(28)
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
     print(f"cProfile of {a.n} forward+backward calls (tottime):")
+    print("\n".join(ln[:160] for ln in s.getvalue().splitlines()[4:]))
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("cumtime").print_stats(30)
+    print("(cumtime):")
     print("\n".join(ln[:160] for ln in s.getvalue().splitlines()[4:]))
 
 

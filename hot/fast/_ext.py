@@ -149,7 +149,19 @@ def _not_built_reason() -> str:
 
 
 def _import_prebuilt() -> ModuleType:
-    return importlib.import_module("hot.fast._C")
+    """hot.fast._C, or the module file named by HOT_EXT_SO (a JIT build copied from another
+    machine; scripts/gpu_run.sh sets it only when the file was built from the same csrc/)."""
+    so = os.environ.get("HOT_EXT_SO")
+    if not so:
+        return importlib.import_module("hot.fast._C")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hot_fast_C", so)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"HOT_EXT_SO={so!r} is not a loadable extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _stale_reason(module: ModuleType) -> Optional[str]:
