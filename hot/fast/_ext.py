@@ -48,6 +48,7 @@ The three GEMMs share one contract, that of hot.common.ops.int_gemm_nt with exac
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import threading
 from types import ModuleType
@@ -154,8 +155,6 @@ def _import_prebuilt() -> ModuleType:
     so = os.environ.get("HOT_EXT_SO")
     if not so:
         return importlib.import_module("hot.fast._C")
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("hot_fast_C", so)
     if spec is None or spec.loader is None:
         raise ImportError(f"HOT_EXT_SO={so!r} is not a loadable extension module")
