@@ -25,6 +25,21 @@ def _flag(name: str) -> bool:
 INTERPRET = _flag("TRITON_INTERPRET")
 AUTOTUNE = _flag("HOT_FAST_AUTOTUNE")
 
+# Quantize-kernel variant of the g_y / W passes (hot.fast.quant._VARIANTS says what each is;
+# hot/fast/quant_kernels_v4.py the methods). "dot" is the v2/v3 kernel of quant_kernels.py.
+QKERNELS = ("dot", "k16", "k16_bfly", "bfly", "bflyv", "bfly_split")
+
+
+def _qkernel() -> str:
+    v = os.environ.get("HOT_FAST_QKERNEL", "").strip().lower() or "dot"
+    if v not in QKERNELS:
+        raise ValueError(f"HOT_FAST_QKERNEL={v!r} is not one of {QKERNELS}; unset it for the "
+                         f"default 'dot' (benchmarks/quant_variants.py times them all).")
+    return v
+
+
+QKERNEL = _qkernel()
+
 
 def _override() -> Optional[str]:
     v = os.environ.get("HOT_FAST_ARCH", "").strip().lower()

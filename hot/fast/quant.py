@@ -18,9 +18,9 @@ import torch
 from ..common import quant
 from ..common.config import BLOCK
 from ..common.ops import pad_to
-from ..common.walsh import hadamard16, hla_matrix
+from ..common.walsh import hadamard16, hla_matrix, hla_rows, sequency, sylvester
 from ..reference import ops as ref
-from .arch import AUTOTUNE, INTERPRET
+from .arch import AUTOTUNE, INTERPRET, QKERNEL, QKERNELS
 from .launch import Meta
 
 # Tile of one program: multiples of 16 (whole Hadamard / Walsh blocks in both directions).
@@ -46,8 +46,26 @@ def _mats(device: torch.device, rank: int, selection: str):
 _TILES = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (32, 128, 4), (64, 256, 8))
 
 
+# Quantize-kernel variants (HOT_FAST_QKERNEL, read once in hot.fast.arch; tests and
+# benchmarks/quant_variants.py set QKERNEL_VARIANT and clear the _kernels / _pass_plan caches):
+# name -> (HQ_METHOD, HLA_METHOD, split HQ and HLA into separate programs), methods as in
+# hot/fast/quant_kernels_v4.py; "dot" is quant_kernels.py's pair of kernels.
+_VARIANTS = {"dot": None, "k16": ("k16", "dot", False), "k16_bfly": ("k16", "bfly", False),
+             "bfly": ("bfly", "bfly", False), "bflyv": ("bflyv", "bfly", False),
+             "bfly_split": ("bfly", "bfly", True)}
+assert tuple(_VARIANTS) == QKERNELS
+QKERNEL_VARIANT = QKERNEL
+
+
+def _sel(rank: int, selection: str) -> int:
+    """The kept Walsh rows as Sylvester row numbers, 4 bits each (quant_kernels_v4's SEL):
+    walsh(16) row k is sylvester(16) row order[k] / 4 (the rows sorted by sequency)."""
+    order = torch.argsort(sequency(sylvester(BLOCK)), stable=True).tolist()
+    return sum(order[k] << (4 * t) for t, k in enumerate(hla_rows(rank, selection)))
+
+
 @functools.lru_cache(maxsize=None)
-def _kernels(min_br: int, fixed: Optional[tuple]):
+def _kernels(min_br: int, fixed: Optional[tuple], variant: str = "dot"):
     """(stats, quant, tile): launchers called as launcher(grid_fn, args, meta) with meta a
     hot.fast.launch.Meta of the kernel's switches plus ``tile``. One fixed tile (BLOCK_R x
     BLOCK_C, HOT_FAST_QTILE; always in the interpreter) launched through launch.Direct, or, with
@@ -59,7 +77,12 @@ def _kernels(min_br: int, fixed: Optional[tuple]):
     import triton
 
     from .launch import Direct
-    from .quant_kernels import quant_kernel, stats_kernel
+
+    if variant == "dot":
+        from .quant_kernels import quant_kernel, stats_kernel
+    else:
+        from .quant_kernels_v4 import quant_kernel_v4 as quant_kernel
+        from .quant_kernels_v4 import stats_kernel_v4 as stats_kernel
 
     tiles = [fixed] if fixed else [t for t in _TILES if t[0] >= min_br]
     if fixed or INTERPRET or not AUTOTUNE:
@@ -164,8 +187,12 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
     rank, selection = (hla[0], hla[1]) if hla else (BLOCK, "lowpass")
     rp = _pow2(rank)
     h16, t = _mats(dev, rank, selection)
+    variant = QKERNEL_VARIANT
+    v4 = _VARIANTS[variant]
     # tl.dot needs every dimension >= 16: the HLA dot has BLOCK_R / 16 * RP rows.
-    stats, quant_, tile = _kernels(256 // rp if hla else 16, _FIXED)
+    hla_dot = hla is not None and (v4 is None or v4[1] == "dot")
+    stats, quant_, tile = _kernels(256 // rp if hla_dot else 16, _FIXED, variant)
+    split = bool(v4 and v4[2] and hq and hla)
     dname, prec = _dot_types_of(dtype, dev)
     hq_row = bool(hq and hq[1] == "row")
     hla_row = bool(hla and hla[3] == "row")
@@ -173,12 +200,14 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
     nl = (c if hla_row else 1) if hla else 0
     lr = l16 // BLOCK * rank
     grid = lambda m: ((l16 + m["BLOCK_R"] - 1) // m["BLOCK_R"],  # noqa: E731
-                      (c16 + m["BLOCK_C"] - 1) // m["BLOCK_C"])
+                      (c16 + m["BLOCK_C"] - 1) // m["BLOCK_C"], 1 + split)
     # Every offset a kernel forms (x with its strides, the HQ and HLA codes) below 2^31?
     reach = max(r * c16, c * lr, (r - 1) * abs(sx[0]) + (c - 1) * abs(sx[1]) + 1)
     sw = dict(DO_HQ=hq is not None, DO_HLA=hla is not None, HQ_ROW=hq_row, HLA_ROW=hla_row,
               DOT_DTYPE=_tl_dtype(dname), PREC=prec, RP=rp,
               IDX64=FORCE_IDX64 or reach + max(c16, l16) >= 1 << 31)
+    if v4:
+        sw.update(HQ_METHOD=v4[0], HLA_METHOD=v4[1], HLA_PART=int(split), SEL=_sel(rank, selection))
     qsw = dict(sw, RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
                HQ_STOCH=bool(hq and hq[2]), HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0,
                HLA_STOCH=bool(hla and hla[4]), RECIP=_RECIP_TIMING_ONLY)
