@@ -220,11 +220,23 @@ std::string check_scale(Kind kind, const char* name, const torch::Tensor& s, int
   return std::string();
 }
 
-// A checked scale as a contiguous vector of `rows` values padded with zeros to a multiple of
-// kScalePad.
+// A checked scale as a contiguous vector whose storage extends to a multiple of kScalePad
+// floats (the epilogue's vector loads may read that far): `s` itself when it holds one value per
+// row and its storage has that room (hot.fast.quant allocates its scales so: no copy, no launch),
+// else one copy. Entries past `rows` only ever meet output rows or columns that are not stored
+// (or are cut off by the narrow below), so their values do not matter.
 torch::Tensor scale_vector(const torch::Tensor& s, int64_t rows) {
-  torch::Tensor v = torch::zeros({round_up(std::max<int64_t>(rows, 1), kScalePad)}, s.options());
-  v.narrow(0, 0, rows).copy_(s.reshape({-1}).expand({rows}));
+  const int64_t padded = round_up(std::max<int64_t>(rows, 1), kScalePad);
+  if (s.size(0) == rows && s.is_contiguous() &&
+      s.storage().nbytes() >= static_cast<size_t>(s.storage_offset() + padded) * sizeof(float)) {
+    return s.reshape({-1});
+  }
+  torch::Tensor v = torch::empty({padded}, s.options());
+  if (s.size(0) == rows) {
+    v.narrow(0, 0, rows).copy_(s.reshape({-1}));
+  } else {
+    v.copy_(s.reshape({1}).expand({padded}));
+  }
   return v;
 }
 

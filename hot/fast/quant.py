@@ -28,6 +28,10 @@ from .launch import Meta
 BLOCK_R, BLOCK_C, NUM_WARPS = (int(v) for v in os.environ.get("HOT_FAST_QTILE", "64,64,4").split(","))
 
 
+# Scale outputs are allocated in multiples of this many floats: csrc/binding.cpp's kScalePad.
+SCALE_PAD = 256
+
+
 def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
@@ -48,11 +52,15 @@ _TILES = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (32, 128, 4), 
 
 # Quantize-kernel variants (HOT_FAST_QKERNEL, read once in hot.fast.arch; tests and
 # benchmarks/quant_variants.py set QKERNEL_VARIANT and clear the _kernels / _pass_plan caches):
-# name -> (HQ_METHOD, HLA_METHOD, split HQ and HLA into separate programs), methods as in
-# hot/fast/quant_kernels_v4.py; "dot" is quant_kernels.py's pair of kernels.
+# name -> (HQ_METHOD, HLA_METHOD, split HQ and HLA into separate programs[, the stats kernel's
+# HQ_METHOD and HLA_METHOD when they differ]), methods as in hot/fast/quant_kernels_v4.py; "dot"
+# is quant_kernels.py's pair of kernels. "mix" pairs the fastest stats (k16_bfly) and quantize
+# (bflyv) kernels measured on an H100 (docs/kernels.md): its amax comes from a transform that
+# differs from the quantize kernel's by float rounding order only, as "dot" differs from the
+# reference, so the scales and codes stay within the same flip bounds (tests).
 _VARIANTS = {"dot": None, "k16": ("k16", "dot", False), "k16_bfly": ("k16", "bfly", False),
              "bfly": ("bfly", "bfly", False), "bflyv": ("bflyv", "bfly", False),
-             "bfly_split": ("bfly", "bfly", True)}
+             "bfly_split": ("bfly", "bfly", True), "mix": ("bflyv", "bfly", False, "k16", "bfly")}
 assert tuple(_VARIANTS) == QKERNELS
 QKERNEL_VARIANT = QKERNEL
 
@@ -211,7 +219,11 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
     qsw = dict(sw, RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
                HQ_STOCH=bool(hq and hq[2]), HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0,
                HLA_STOCH=bool(hla and hla[4]), RECIP=_RECIP_TIMING_ONLY)
+    hla_off = pad_to(nh, SCALE_PAD) if nh else 0
+    if v4 and len(v4) > 3:
+        sw.update(HQ_METHOD=v4[3], HLA_METHOD=v4[4])
     return dict(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, h16=h16, t=t, stats=stats, quant=quant_,
+                sbuf=hla_off + (pad_to(nl, SCALE_PAD) if nl else 0), hla_off=hla_off,
                 grid=grid, sw=Meta(**sw, **tile), qsw=Meta(**qsw, **tile))
 
 
@@ -232,12 +244,15 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
     base = (x, x.stride(0), x.stride(1), r, c, p["h16"], p["t"], amax, hla_amax)
     p["stats"](p["grid"], base + (epoch,), p["sw"])
     hq_q = hq_s = hla_q = hla_s = None
+    # Both scales in one allocation, each padded to SCALE_PAD floats: the CUTLASS GEMMs then read
+    # them in place (csrc/binding.cpp, scale_vector) instead of copying them into padded vectors.
+    sbuf = torch.empty(p["sbuf"], dtype=torch.float32, device=dev)
     if hq:
         hq_q = torch.empty((r, p["c16"]), dtype=torch.int8, device=dev)
-        hq_s = torch.empty((nh, 1), dtype=torch.float32, device=dev)
+        hq_s = sbuf.as_strided((nh, 1), (1, 1), 0)
     if hla:
         hla_q = torch.empty((c, p["lr"]), dtype=torch.int8, device=dev)
-        hla_s = torch.empty((nl, 1), dtype=torch.float32, device=dev)
+        hla_s = sbuf.as_strided((nl, 1), (1, 1), p["hla_off"])
     p["quant"](p["grid"], base + (
         hq_q if hq else amax, hq_s if hq else amax, p["c16"], _key(hq[3]) if hq else 0,
         hla_q if hla else amax, hla_s if hla else amax, p["lr"], p["l16"] // BLOCK,
