@@ -27,7 +27,7 @@ AUTOTUNE = _flag("HOT_FAST_AUTOTUNE")
 
 # Quantize-kernel variant of the g_y / W passes (hot.fast.quant._VARIANTS says what each is;
 # hot/fast/quant_kernels_v4.py the methods). "dot" is the v2/v3 kernel of quant_kernels.py.
-QKERNELS = ("dot", "k16", "k16_bfly", "bfly", "bflyv", "bfly_split")
+QKERNELS = ("dot", "k16", "k16_bfly", "bfly", "bflyv", "bfly_split", "mix")
 
 
 def _qkernel() -> str:
