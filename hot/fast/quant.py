@@ -219,8 +219,6 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
     qsw = dict(sw, RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
                HQ_STOCH=bool(hq and hq[2]), HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0,
                HLA_STOCH=bool(hla and hla[4]), RECIP=_RECIP_TIMING_ONLY)
-    if v4 and len(v4) > 3:
-        sw.update(HQ_METHOD=v4[3], HLA_METHOD=v4[4])
     hla_off = pad_to(nh, SCALE_PAD) if nh else 0
     if v4 and len(v4) > 3:
         sw.update(HQ_METHOD=v4[3], HLA_METHOD=v4[4])
