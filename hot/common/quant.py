@@ -88,12 +88,24 @@ def seed_key(seed: int) -> int:
     return mix32((seed & M32) ^ GOLDEN)
 
 
-def derive_seed(*parts: int) -> int:
-    """A 31-bit seed from several integers (layer id, step, operand), mixed so nearby inputs differ."""
-    h = 0x2545F491
+_SEED_H0 = 0x2545F491
+
+
+def seed_prefix(*parts: int, h: int = _SEED_H0) -> int:
+    """The running hash of ``derive_seed`` after ``parts``: derive_seed(*a, *b) ==
+    derive_seed_from(seed_prefix(*a), *b), so a caller can hash a fixed prefix once."""
     for p in parts:
         h = mix32(h ^ mix32(int(p) & M32))
-    return h & 0x7FFFFFFF
+    return h
+
+
+def derive_seed_from(h: int, *parts: int) -> int:
+    return seed_prefix(*parts, h=h) & 0x7FFFFFFF
+
+
+def derive_seed(*parts: int) -> int:
+    """A 31-bit seed from several integers (layer id, step, operand), mixed so nearby inputs differ."""
+    return seed_prefix(*parts) & 0x7FFFFFFF
 
 
 _RNG = {"mode": os.environ.get("HOT_RNG", "default")}

@@ -159,11 +159,12 @@ class HOTLinear(_HOTMixin, nn.Linear):
                     backend: Optional[str] = None) -> "HOTLinear":
         return cls.from_module(mod, config, name, backend)
 
-    # torch.compile must not trace HOT layers: their backward draws fresh seeds and advances
-    # per-layer state on every call, which a traced graph would freeze into constants (the same
-    # rounding noise every step). The rest of the model still compiles around them.
-    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self._hot_forward_untraced(x)
+        return self._hot_forward(x)
+
+    def _hot_forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         if x.shape[-1] != self.in_features:
             raise HOTLayerError(
@@ -178,6 +179,13 @@ class HOTLinear(_HOTMixin, nn.Linear):
         plan = make_plan(self, cfg, self._backend_for(x.device), seq)
         with torch.autocast(x.device.type, enabled=False):
             return HOTLinearFunction.apply(x, w, b, self, plan)
+
+    # HOT layers must not be traced: their backward draws fresh seeds and advances per-layer
+    # state on every call, which a traced graph would freeze into constants (the same rounding
+    # noise every step); the model compiles around them. forward takes this wrapper only while
+    # compiling: in eager mode torch.compiler.disable's wrapper costs ~100 us of host time per
+    # call (H100 machine, benchmarks/host_breakdown.py), more than a small layer's GPU work.
+    _hot_forward_untraced = torch.compiler.disable(_hot_forward)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", " + self.hot_extra_repr()
@@ -195,8 +203,12 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
             pad = _resolve_padding(self)
         return (tuple(self.stride), tuple(pad), tuple(self.dilation))
 
-    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self._hot_forward_untraced(x)
+        return self._hot_forward(x)
+
+    def _hot_forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         if x.dim() != 4:
             raise HOTLayerError(
@@ -217,6 +229,13 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
         plan = make_plan(self, cfg, self._backend_for(x.device), seq)
         with torch.autocast(x.device.type, enabled=False):
             return HOTConv2dFunction.apply(x, w, b, self, plan, geom)
+
+    # HOT layers must not be traced: their backward draws fresh seeds and advances per-layer
+    # state on every call, which a traced graph would freeze into constants (the same rounding
+    # noise every step); the model compiles around them. forward takes this wrapper only while
+    # compiling: in eager mode torch.compiler.disable's wrapper costs ~100 us of host time per
+    # call (H100 machine, benchmarks/host_breakdown.py), more than a small layer's GPU work.
+    _hot_forward_untraced = torch.compiler.disable(_hot_forward)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", " + self.hot_extra_repr()

@@ -7,13 +7,14 @@ survive ``state_dict`` save/load and resuming a run. ``hot_lqs``: -1 undecided, 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from ..common.config import HOTConfig
-from ..common.quant import derive_seed, expected_sr_error
+from ..common.quant import derive_seed, derive_seed_from, expected_sr_error, seed_prefix
 
 LQS_UNDECIDED, LQS_TENSOR, LQS_TOKEN = -1, 0, 1
 
@@ -45,6 +46,11 @@ def _rank() -> int:
     return 0
 
 
+@functools.lru_cache(maxsize=4096)
+def _prefix(seed: int, layer_id: int) -> int:
+    return seed_prefix(seed, layer_id)
+
+
 def draw_seed(cfg: HOTConfig, layer_id: int, step: int, salt: int) -> int:
     """A fresh 31-bit seed: from torch's default generator, or derived from cfg.seed.
 
@@ -54,7 +60,7 @@ def draw_seed(cfg: HOTConfig, layer_id: int, step: int, salt: int) -> int:
     if cfg.seed is None:
         base = int(torch.randint(0, 2**31 - 1, (1,)).item())
     else:
-        base = derive_seed(cfg.seed, layer_id, step, salt)
+        base = derive_seed_from(_prefix(cfg.seed, layer_id), step, salt)
     r = _rank()
     return derive_seed(base, r) if r else base
 
@@ -111,6 +117,7 @@ def begin_backward(layer, plan: LayerPlan, gy2d: torch.Tensor) -> BackwardPlan:
     if bits and step < cfg.exact_steps + cfg.int8_steps:
         bits = 8
     mode = _lqs_mode(layer, cfg, gy2d, bits) if bits else "tensor"
-    seed = draw_seed(cfg, layer.hot_id, step, 2)
-    return BackwardPlan(False, bits, mode, derive_seed(seed, 1), derive_seed(seed, 2),
-                        derive_seed(seed, 3))
+    h = seed_prefix(draw_seed(cfg, layer.hot_id, step, 2))  # shared by the three derivations
+    # operand k's seed is derive_seed(seed, k): 1 = g_y (HQ), 2 = W, 3 = g_y (HLA)
+    return BackwardPlan(False, bits, mode, derive_seed_from(h, 1), derive_seed_from(h, 2),
+                        derive_seed_from(h, 3))

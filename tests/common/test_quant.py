@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 import torch
 
 from hot.common import quant
@@ -62,6 +64,20 @@ def test_hash_uniform_matches_its_documented_formula(seed):
         assert quant.rng_mode() == "hash"
         assert torch.equal(quant.uniform(seed, shape), u)
     assert quant.rng_mode() == "default"
+
+
+def _derive_seed_spec(*parts):
+    # derive_seed as its docstring's chain: h = mix32(h ^ mix32(p)) from 0x2545F491, 31 bits kept.
+    h = 0x2545F491
+    for p in parts:
+        h = _mix32_spec(h ^ _mix32_spec(p & 0xFFFFFFFF))
+    return h & 0x7FFFFFFF
+
+
+@given(st.lists(st.integers(0, 2**40), max_size=4), st.lists(st.integers(0, 2**40), max_size=3))
+def test_derive_seed_and_its_prefix_form_agree_with_the_chain(a, b):
+    assert quant.derive_seed(*a, *b) == _derive_seed_spec(*a, *b)
+    assert quant.derive_seed_from(quant.seed_prefix(*a), *b) == _derive_seed_spec(*a, *b)
 
 
 def test_mix32_tensor_equals_scalar_version():
