@@ -57,11 +57,16 @@ class Direct:
         self.cache: dict = {}
         self.tails: dict = {}
 
-    def __call__(self, grid, args: tuple, meta: Meta):
+    def __call__(self, grid, args: tuple, meta: Meta, key=None):
+        """``key``: the caller's own cache key, or None for (meta.key, _spec of every argument).
+        A caller that passes one guarantees it is at least as fine: equal keys must mean equal
+        constexprs and equal _spec of every argument (hot.fast.quant.gy_pass keys on its pass
+        plan, which fixes the shape arguments, plus _spec of the arguments that vary)."""
         if INTERPRET or _hooks():
             self.fn[grid](*args, **meta.kw)
             return
-        key = (meta.key, tuple(map(_spec, args)))
+        if key is None:
+            key = (meta.key, tuple(map(_spec, args)))
         k = self.cache.get(key)
         if k is None:
             # Triton compiles (or finds) the kernel for exactly these arguments and launches it.

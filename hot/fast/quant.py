@@ -9,6 +9,7 @@ bits = 0 and float64 inputs delegate to the reference (no integer kernel is invo
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
 from typing import Optional
@@ -21,7 +22,7 @@ from ..common.ops import pad_to
 from ..common.walsh import hadamard16, hla_matrix, hla_rows, sequency, sylvester
 from ..reference import ops as ref
 from .arch import AUTOTUNE, INTERPRET, QKERNEL, QKERNELS
-from .launch import Meta
+from .launch import Meta, _spec
 
 # Tile of one program: multiples of 16 (whole Hadamard / Walsh blocks in both directions).
 # HOT_FAST_QTILE="R,C,warps" overrides it (benchmarks/sweep_gy_pass.py sweeps it on a GPU).
@@ -97,13 +98,13 @@ def _kernels(min_br: int, fixed: Optional[tuple], variant: str = "dot"):
         br, bc, w = tiles[0] if fixed else (max(BLOCK_R, min_br), BLOCK_C, NUM_WARPS)
         tile = dict(BLOCK_R=br, BLOCK_C=bc, num_warps=w)
         st, qu = Direct(stats_kernel), Direct(quant_kernel)
-        return (lambda g, a, m: st(g(tile), a, m), lambda g, a, m: qu(g(tile), a, m), tile)
+        return (lambda g, a, m, k=None: st(g, a, m, k), lambda g, a, m, k=None: qu(g, a, m, k), tile)
     cfgs = [triton.Config({"BLOCK_R": br, "BLOCK_C": bc}, num_warps=w) for br, bc, w in tiles]
     key = ["R", "C", "DO_HQ", "DO_HLA", "HQ_ROW", "HLA_ROW", "DOT_DTYPE"]
     # Short timing runs: the tile choice is coarse, and every new shape pays this once.
     st = triton.autotune(cfgs, key=key, warmup=5, rep=20)(stats_kernel)
     qu = triton.autotune(cfgs, key=key, warmup=5, rep=20)(quant_kernel)
-    return (lambda g, a, m: st[g](*a, **m.kw), lambda g, a, m: qu[g](*a, **m.kw), {})
+    return (lambda g, a, m, k=None: st[g](*a, **m.kw), lambda g, a, m, k=None: qu[g](*a, **m.kw), {})
 
 
 _FIXED = tuple(int(v) for v in os.environ["HOT_FAST_QTILE"].split(",")) \
@@ -186,6 +187,10 @@ class _Workspace:
 _WS = _Workspace()
 
 
+# A unique id per pass plan: the launch cache key of its kernels (launch.Direct).
+_PLAN_IDS = itertools.count()
+
+
 @functools.lru_cache(maxsize=4096)
 def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
                hq: Optional[tuple], hla: Optional[tuple]):
@@ -222,7 +227,10 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
     hla_off = pad_to(nh, SCALE_PAD) if nh else 0
     if v4 and len(v4) > 3:
         sw.update(HQ_METHOD=v4[3], HLA_METHOD=v4[4])
+    if tile:  # a fixed tile: the grid is known now
+        grid = grid(tile)
     return dict(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, h16=h16, t=t, stats=stats, quant=quant_,
+                uid=next(_PLAN_IDS),
                 sbuf=hla_off + (pad_to(nl, SCALE_PAD) if nl else 0), hla_off=hla_off,
                 grid=grid, sw=Meta(**sw, **tile), qsw=Meta(**qsw, **tile))
 
@@ -242,7 +250,11 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
     amax, epoch = _WS.take(dev, nh + nl + 1)
     hla_amax = amax[nh:] if nh else amax
     base = (x, x.stride(0), x.stride(1), r, c, p["h16"], p["t"], amax, hla_amax)
-    p["stats"](p["grid"], base + (epoch,), p["sw"])
+    # Launch keys: the plan fixes every shape argument and the matrices; the workspace, its view
+    # and the fresh outputs are always 16-byte aligned. What varies is x's alignment, the epoch
+    # and the seed keys (Triton specializes ints on == 1 and divisibility by 16).
+    xa = x.data_ptr() % 16 == 0
+    p["stats"](p["grid"], base + (epoch,), p["sw"], (p["uid"], xa, _spec(epoch)))
     hq_q = hq_s = hla_q = hla_s = None
     # Both scales in one allocation, each padded to SCALE_PAD floats: the CUTLASS GEMMs then read
     # them in place (csrc/binding.cpp, scale_vector) instead of copying them into padded vectors.
@@ -253,10 +265,11 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
     if hla:
         hla_q = torch.empty((c, p["lr"]), dtype=torch.int8, device=dev)
         hla_s = sbuf.as_strided((nl, 1), (1, 1), p["hla_off"])
+    k1, k2 = _key(hq[3]) if hq else 0, _key(hla[5]) if hla else 0
     p["quant"](p["grid"], base + (
-        hq_q if hq else amax, hq_s if hq else amax, p["c16"], _key(hq[3]) if hq else 0,
-        hla_q if hla else amax, hla_s if hla else amax, p["lr"], p["l16"] // BLOCK,
-        _key(hla[5]) if hla else 0), p["qsw"])
+        hq_q if hq else amax, hq_s if hq else amax, p["c16"], k1,
+        hla_q if hla else amax, hla_s if hla else amax, p["lr"], p["l16"] // BLOCK, k2), p["qsw"],
+        (p["uid"], xa, _spec(k1), _spec(k2)))
     return hq_q, hq_s, hla_q, hla_s
 
 

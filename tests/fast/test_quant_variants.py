@@ -121,12 +121,12 @@ def test_butterflies_keep_inf_in_its_block(variant):
 
 def test_qkernel_env_is_validated(monkeypatch):
     monkeypatch.setenv("HOT_FAST_QKERNEL", "fastest")
-    with pytest.raises(ValueError, match="HOT_FAST_QKERNEL='fastest'.*'dot'.*'bfly'"):
+    with pytest.raises(ValueError, match="HOT_FAST_QKERNEL='fastest'.*'dot'.*'bfly'.*default 'mix'"):
         arch._qkernel()
     monkeypatch.setenv("HOT_FAST_QKERNEL", " BFLY ")
     assert arch._qkernel() == "bfly"
     monkeypatch.delenv("HOT_FAST_QKERNEL")
-    assert arch._qkernel() == "dot"
+    assert arch._qkernel() == arch.DEFAULT_QKERNEL == "mix"
 
 
 def test_sel_packs_the_kept_sylvester_rows():
