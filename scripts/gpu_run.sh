@@ -46,7 +46,8 @@ case " $what " in *" tests "*|*" all "*)
   HOT_JIT_BUILD=0 tst tests/fast/test_gpu_layer.py 200
 esac
 case " $what " in *" profile "*|*" all "*)
-  HOT_JIT_BUILD=0 timeout 120 python3 benchmarks/profile_host.py 2>&1 | tee "$OUT/profile_host.log" | head -8
+  HOT_JIT_BUILD=0 timeout 120 python3 benchmarks/host_breakdown.py --n 200 2>&1 | grep -vi warn > "$OUT/host_breakdown.log"
+  grep -E "timeline|in sequence|HOTLinear|nn.Linear|no work|enqueue" "$OUT/host_breakdown.log"
 esac
 case " $what " in *" breakdown "*|*" all "*)
   HOT_JIT_BUILD=0 timeout 240 python3 benchmarks/gy_pass_breakdown.py 2>&1 | tee "$OUT/breakdown.log" | tail -9
