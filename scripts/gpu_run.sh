@@ -45,10 +45,6 @@ case " $what " in *" tests "*|*" all "*)
   HOT_JIT_BUILD=0 tst tests/fast/test_gpu_launch.py 100
   HOT_JIT_BUILD=0 tst tests/fast/test_gpu_layer.py 200
 esac
-case " $what " in *" profile "*|*" all "*)
-  HOT_JIT_BUILD=0 timeout 120 python3 benchmarks/host_breakdown.py --n 200 2>&1 | grep -vi warn > "$OUT/host_breakdown.log"
-  grep -E "timeline|in sequence|HOTLinear|nn.Linear|no work|enqueue" "$OUT/host_breakdown.log"
-esac
 case " $what " in *" breakdown "*|*" all "*)
   HOT_JIT_BUILD=0 timeout 240 python3 benchmarks/gy_pass_breakdown.py 2>&1 | tee "$OUT/breakdown.log" | tail -9
 esac
@@ -76,6 +72,10 @@ esac
 case " $what " in *" tests "*|*" all "*)
   tst tests/fast/test_gpu_kernels.py 200
   tst tests/fast/test_csrc_gpu.py 200
+esac
+case " $what " in *" profile "*|*" all "*)
+  timeout 120 python3 benchmarks/host_breakdown.py --n 200 2>&1 | grep -vi warn > "$OUT/host_breakdown.log"
+  grep -E "timeline|in sequence|HOTLinear|nn.Linear|no work|enqueue" "$OUT/host_breakdown.log"
 esac
 case " $what " in *" bench "*|*" all "*)
   HOT_FAST_AUTOTUNE=${HOT_FAST_AUTOTUNE:-0} timeout 300 python3 -m hot.bench.backward --json "$OUT/bench_backward.json" --md "$OUT/bench_backward.md" > /tmp/bench_backward.log 2>&1 || tail -30 /tmp/bench_backward.log
