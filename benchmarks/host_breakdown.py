@@ -133,6 +133,28 @@ def main() -> None:
     for k, v in steps.items():
         v.sort()
         print(f"in sequence: {k:<16} {v[len(v) // 2]:8.1f} us")
+    # The same hot_backward call from the main thread and from another Python thread (autograd
+    # runs a CUDA backward on its own device thread).
+    import threading
+
+    def hb_loop(out):
+        ts = []
+        for i in range(n + 20):
+            t0 = time.perf_counter()
+            hot_backward(layer, plan, g, wd, saved, True, True, torch.bfloat16, torch.bfloat16)
+            if i >= 20:
+                ts.append((time.perf_counter() - t0) * 1e6)
+            if i % 50 == 49:
+                torch.cuda.synchronize()
+        ts.sort()
+        out.append(ts[len(ts) // 2])
+
+    res: list = []
+    hb_loop(res)
+    th = threading.Thread(target=hb_loop, args=(res,))
+    th.start()
+    th.join()
+    print(f"hot_backward: main thread {res[0]:.1f} us, other Python thread {res[1]:.1f} us")
     # Timeline of one HOTLinear forward+backward: marks inside the autograd function (patched
     # in for this measurement only), medians over n calls of the gap between consecutive marks.
     import hot.nn.function as hf

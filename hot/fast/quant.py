@@ -224,14 +224,13 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
     qsw = dict(sw, RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
                HQ_STOCH=bool(hq and hq[2]), HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0,
                HLA_STOCH=bool(hla and hla[4]), RECIP=_RECIP_TIMING_ONLY)
-    hla_off = pad_to(nh, SCALE_PAD) if nh else 0
     if v4 and len(v4) > 3:
         sw.update(HQ_METHOD=v4[3], HLA_METHOD=v4[4])
     if tile:  # a fixed tile: the grid is known now
         grid = grid(tile)
     return dict(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, h16=h16, t=t, stats=stats, quant=quant_,
                 uid=next(_PLAN_IDS),
-                sbuf=hla_off + (pad_to(nl, SCALE_PAD) if nl else 0), hla_off=hla_off,
+                hq_spad=pad_to(nh, SCALE_PAD), hla_spad=pad_to(nl, SCALE_PAD),
                 grid=grid, sw=Meta(**sw, **tile), qsw=Meta(**qsw, **tile))
 
 
@@ -256,15 +255,15 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
     xa = x.data_ptr() % 16 == 0
     p["stats"](p["grid"], base + (epoch,), p["sw"], (p["uid"], xa, _spec(epoch)))
     hq_q = hq_s = hla_q = hla_s = None
-    # Both scales in one allocation, each padded to SCALE_PAD floats: the CUTLASS GEMMs then read
-    # them in place (csrc/binding.cpp, scale_vector) instead of copying them into padded vectors.
-    sbuf = torch.empty(p["sbuf"], dtype=torch.float32, device=dev)
+    # Scales in allocations padded to SCALE_PAD floats: the CUTLASS GEMMs then read them in place
+    # (csrc/binding.cpp, scale_vector) instead of copying them into padded vectors. One storage
+    # each: outputs of a torch.library op must not alias one another.
     if hq:
         hq_q = torch.empty((r, p["c16"]), dtype=torch.int8, device=dev)
-        hq_s = sbuf.as_strided((nh, 1), (1, 1), 0)
+        hq_s = torch.empty(p["hq_spad"], dtype=torch.float32, device=dev).as_strided((nh, 1), (1, 1))
     if hla:
         hla_q = torch.empty((c, p["lr"]), dtype=torch.int8, device=dev)
-        hla_s = sbuf.as_strided((nl, 1), (1, 1), p["hla_off"])
+        hla_s = torch.empty(p["hla_spad"], dtype=torch.float32, device=dev).as_strided((nl, 1), (1, 1))
     k1, k2 = _key(hq[3]) if hq else 0, _key(hla[5]) if hla else 0
     p["quant"](p["grid"], base + (
         hq_q if hq else amax, hq_s if hq else amax, p["c16"], k1,

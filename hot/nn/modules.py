@@ -177,6 +177,8 @@ class HOTLinear(_HOTMixin, nn.Linear):
         cfg = self.hot_config
         seq = x.shape[-2] if (cfg.hla.blocking == "sequence" and x.dim() >= 3) else 0
         plan = make_plan(self, cfg, self._backend_for(x.device), seq)
+        if not torch.is_autocast_enabled(x.device.type):  # entering autocast costs host time
+            return HOTLinearFunction.apply(x, w, b, self, plan)
         with torch.autocast(x.device.type, enabled=False):
             return HOTLinearFunction.apply(x, w, b, self, plan)
 
@@ -227,6 +229,8 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
         else:
             seq = 0
         plan = make_plan(self, cfg, self._backend_for(x.device), seq)
+        if not torch.is_autocast_enabled(x.device.type):
+            return HOTConv2dFunction.apply(x, w, b, self, plan, geom)
         with torch.autocast(x.device.type, enabled=False):
             return HOTConv2dFunction.apply(x, w, b, self, plan, geom)
 
