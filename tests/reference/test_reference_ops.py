@@ -125,13 +125,21 @@ def test_int_gemm_nt_is_exact_on_integer_codes(k):
     torch.testing.assert_close(out.double(), want, rtol=2.5 * 2**-24, atol=0)
 
 
-@pytest.mark.parametrize("k", [0, 1040, 1041, 3200])
-def test_int_product_chunks_equal_the_int64_product_rounded_once(k):
-    """_int_product cuts contractions past the float32 bound into chunks of
+_PRODUCTS = {"float32 chunks": ref._int_product_f32,
+             # int32 chunks of 1000 here: the real chunk (131071) would need huge test operands
+             "int32 chunks": lambda a, b: ref._int_product_i32(a, b, chunk=1000),
+             "dispatch": ref._int_product}
+
+
+@pytest.mark.parametrize("path", sorted(_PRODUCTS))
+@pytest.mark.parametrize("k", [0, 1000, 1001, 1040, 1041, 3200])
+def test_int_product_chunks_equal_the_int64_product_rounded_once(k, path):
+    """The float path cuts contractions past the float32 bound into chunks of
     (2^24 - 1) // (127 * 127) = 1040 columns: k = 1041 leaves a one-column chunk, 3200 is the demo's
-    HLA length. Rows of all +127 / alternating signs make partial sums reach 5e7 > 2^24, where a
-    single float32 accumulator would round; the result must be the int64 product rounded to
-    float32 exactly once."""
+    HLA length; the int32 path (CPU) is checked with 1000-column chunks. Rows of all +127 /
+    alternating signs make partial sums reach 5e7 > 2^24, where a single float32 accumulator
+    would round; the result must be the int64 product rounded to float32 exactly once."""
+    product = _PRODUCTS[path]
     g = torch.Generator().manual_seed(k + 1)
     a = torch.randint(-127, 128, (6, k), generator=g, dtype=torch.int8)
     b = torch.randint(-127, 128, (5, k), generator=g, dtype=torch.int8)
@@ -141,10 +149,16 @@ def test_int_product_chunks_equal_the_int64_product_rounded_once(k):
         b[1] = torch.where(torch.arange(k) % 2 == 0, 127, -127).to(torch.int8)
         b[2] = 0
     exact = a.to(torch.int64) @ b.to(torch.int64).T
-    got = ref._int_product(a, b)
+    got = product(a, b)
     assert got.dtype == torch.float32
     assert torch.equal(got, exact.to(torch.float32))  # int64 -> float32 rounds once, to nearest
-    assert torch.equal(ref._int_product(torch.zeros_like(a), b), torch.zeros(6, 5))
+    assert torch.equal(product(torch.zeros_like(a), b), torch.zeros(6, 5))
+
+
+def test_int32_chunk_is_the_overflow_bound():
+    # K * 128^2 <= 2^31 - 1 < (K + 1) * 128^2: no int32 sum of a chunk can overflow.
+    k = ref._I32_CHUNK
+    assert k * 128 * 128 <= 2**31 - 1 < (k + 1) * 128 * 128
 
 
 def test_int_gemm_nt_float_operands_float64():
