@@ -30,7 +30,12 @@ using ClusterShape = Shape<_2, _1, _1>;
 using MainSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using EpiSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
 
-template <typename ElementD>
+// Scheduler: cutlass::gemm::PersistentScheduler (data-parallel: one output tile per CTA at a
+// time) or cutlass::gemm::StreamKScheduler (CTAs also split the K loop of a tile and add their
+// int32 partial accumulators in a workspace before the epilogue: exact, since integer addition
+// is associative). Stream-K is used when the output has fewer 128x256 tiles than the GPU has SMs
+// (HOT's g_W GEMMs at ViT sizes: O x I outputs with K = L/2, e.g. 768 x 768 = 18 tiles on 132 SMs).
+template <typename ElementD, typename Scheduler>
 struct Sm90S8Gemm {
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
@@ -59,7 +64,7 @@ struct Sm90S8Gemm {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainSchedule>::CollectiveOp;
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, Scheduler>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Device::Arguments make_args(const GemmArgs& g) {
@@ -105,29 +110,39 @@ struct Sm90S8Gemm {
   }
 };
 
-template <template <typename> class G>
-const char* dispatch_run(const GemmArgs& g) {
+template <typename S>
+const char* run_as(const GemmArgs& g) {
   switch (g.out_type) {
-    case OutType::kF32: return G<float>::run(g);
-    case OutType::kBF16: return G<cutlass::bfloat16_t>::run(g);
-    case OutType::kF16: return G<cutlass::half_t>::run(g);
+    case OutType::kF32: return Sm90S8Gemm<float, S>::run(g);
+    case OutType::kBF16: return Sm90S8Gemm<cutlass::bfloat16_t, S>::run(g);
+    case OutType::kF16: return Sm90S8Gemm<cutlass::half_t, S>::run(g);
   }
   return "unknown output type";
 }
 
-template <template <typename> class G>
-size_t dispatch_ws(const GemmArgs& g) {
+template <typename S>
+size_t ws_as(const GemmArgs& g) {
   switch (g.out_type) {
-    case OutType::kF32: return G<float>::workspace_size(g);
-    case OutType::kBF16: return G<cutlass::bfloat16_t>::workspace_size(g);
-    case OutType::kF16: return G<cutlass::half_t>::workspace_size(g);
+    case OutType::kF32: return Sm90S8Gemm<float, S>::workspace_size(g);
+    case OutType::kBF16: return Sm90S8Gemm<cutlass::bfloat16_t, S>::workspace_size(g);
+    case OutType::kF16: return Sm90S8Gemm<cutlass::half_t, S>::workspace_size(g);
   }
   return 0;
 }
 
+// Fewer output tiles than SMs and a K loop long enough to share (at least 8 k-blocks of 128).
+bool use_stream_k(const GemmArgs& g) {
+  const int64_t tiles = int64_t((g.m + 127) / 128) * ((g.n + 255) / 256);
+  return tiles < current_hw_info().sm_count && g.k >= 8 * 128;
+}
+
 }  // namespace
 
-size_t gemm_s8s8_sm90_workspace_size(const GemmArgs& g) { return dispatch_ws<Sm90S8Gemm>(g); }
-const char* gemm_s8s8_sm90(const GemmArgs& g) { return dispatch_run<Sm90S8Gemm>(g); }
+size_t gemm_s8s8_sm90_workspace_size(const GemmArgs& g) {
+  return use_stream_k(g) ? ws_as<cutlass::gemm::StreamKScheduler>(g) : ws_as<cutlass::gemm::PersistentScheduler>(g);
+}
+const char* gemm_s8s8_sm90(const GemmArgs& g) {
+  return use_stream_k(g) ? run_as<cutlass::gemm::StreamKScheduler>(g) : run_as<cutlass::gemm::PersistentScheduler>(g);
+}
 
 }  // namespace hot

@@ -117,6 +117,22 @@ def test_exact_on_awkward_shapes(ext, m, n):
                     f"{(out.cpu().double() - exp.double()).abs().max().item()}"
 
 
+def test_stream_k_on_a_vit_weight_gradient_shape(ext):
+    # ViT-B proj's g_W GEMM: 768 x 768 outputs (18 tiles of 128x256, fewer than the SMs) with
+    # K = L / 2 = 12608: gemm_s8s8_sm90 splits the K loop across CTAs (stream-K) and adds the
+    # int32 partials before the epilogue; the result must still be the exact product, scaled.
+    if not any(name == "gemm_s8s8_sm90" for name, _ in _kernels(ext)):
+        pytest.skip("needs sm_90a")
+    gen = torch.Generator().manual_seed(5)
+    m, n, k = 768, 768, 12608
+    a, b = _codes(m, k, -127, 127, gen), _codes(n, k, -127, 127, gen)
+    a[0], b[0] = 127, 127  # the largest partial sums
+    sa, sb = _scales(m, n, gen)
+    for dtype in DTYPES:
+        out = _run(ext, "gemm_s8s8_sm90", False, a, b, sa, sb, dtype)
+        assert torch.equal(out.cpu(), _expected(a, b, sa, sb, dtype)), dtype
+
+
 @pytest.mark.parametrize("per_a,per_b", [(True, False), (False, True), (True, True)])
 def test_per_tensor_scales_broadcast(ext, per_a, per_b):
     gen = torch.Generator().manual_seed(7)
