@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from ..common.backend import resolve_backend
 from ..common.config import HOTConfig
+from . import compiled
 from .function import HOTConv2dFunction, HOTLinearFunction
 from .state import LQS_UNDECIDED, make_plan
 
@@ -24,7 +25,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 # What _hot_init adds to a module (unconvert removes exactly these).
 HOT_BUFFERS = ("hot_step", "hot_lqs", "hot_lqs_err", "hot_lqs_seen")
 HOT_ATTRS = ("hot_config", "hot_name", "hot_backend", "hot_id", "_hot_resolved",
-             "_hot_step_value", "_hot_lqs_value")
+             "_hot_step_value", "_hot_lqs_value", "_hot_exact_phase", "_hot_key")
 
 
 class HOTLayerError(ValueError):
@@ -75,6 +76,15 @@ class _HOTMixin:
         # synchronize the GPU; writing it (fill_) does not.
         self._hot_step_value = 0
         self._hot_lqs_value = LQS_UNDECIDED
+        self._hot_exact_phase = config.exact_steps > 0
+        self._hot_key = compiled.register(self)
+
+    def __setstate__(self, state):
+        # deepcopy and unpickling land here: the copy is another layer with its own state, so it
+        # needs its own key for the compiled ops (a shared key would run the original's state).
+        super().__setstate__(state)
+        if "_hot_key" in self.__dict__:
+            self._hot_key = compiled.register(self)
 
     def hot_step_value(self) -> int:
         return self._hot_step_value
@@ -84,6 +94,8 @@ class _HOTMixin:
         step = self._hot_step_value
         self._hot_step_value = step + 1
         self.hot_step.fill_(step + 1)
+        # The compile path traces this bool, not the step, so only the phase change recompiles.
+        self._hot_exact_phase = step + 1 < self.hot_config.exact_steps
         return step
 
     def hot_lqs_value(self) -> int:
@@ -110,6 +122,7 @@ class _HOTMixin:
         if hasattr(self, "_hot_step_value"):
             self._hot_step_value = int(self.hot_step)
             self._hot_lqs_value = int(self.hot_lqs)
+            self._hot_exact_phase = self._hot_step_value < self.hot_config.exact_steps
 
     def _backend_for(self, device: torch.device) -> str:
         key = (str(device), self.hot_backend)
@@ -146,6 +159,7 @@ class _HOTMixin:
 
     def set_hot_config(self, config: HOTConfig) -> None:
         self.hot_config = config
+        self._hot_exact_phase = self._hot_step_value < config.exact_steps
 
     def hot_extra_repr(self) -> str:
         c = self.hot_config
@@ -160,17 +174,23 @@ class HOTLinear(_HOTMixin, nn.Linear):
         return cls.from_module(mod, config, name, backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Two paths on purpose: eager calls never go through the torch.library dispatcher
+        # (20-40 us a call of host time); under tracing the HOT state must stay out of the graph,
+        # which the custom ops of hot.nn.compiled do without a graph break.
         if torch.compiler.is_compiling():
-            return self._hot_forward_untraced(x)
+            return self._hot_forward_traced(x)
         return self._hot_forward(x)
 
-    def _hot_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _check_features(self, x: torch.Tensor) -> None:
         self._check_input(x)
         if x.shape[-1] != self.in_features:
             raise HOTLayerError(
                 f"HOT layer {self.hot_name!r}: input has {x.shape[-1]} features in its last "
                 f"dimension, but the layer expects in_features={self.in_features}."
             )
+
+    def _hot_forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_features(x)
         if not self._needs_backward(x):
             return nn.functional.linear(x, self.weight, self.bias)
         x, w, b = self._autocast(x, self.weight, self.bias)
@@ -182,12 +202,14 @@ class HOTLinear(_HOTMixin, nn.Linear):
         with torch.autocast(x.device.type, enabled=False):
             return HOTLinearFunction.apply(x, w, b, self, plan)
 
-    # HOT layers must not be traced: their backward draws fresh seeds and advances per-layer
-    # state on every call, which a traced graph would freeze into constants (the same rounding
-    # noise every step); the model compiles around them. forward takes this wrapper only while
-    # compiling: in eager mode torch.compiler.disable's wrapper costs ~100 us of host time per
-    # call (H100 machine, benchmarks/host_breakdown.py), more than a small layer's GPU work.
-    _hot_forward_untraced = torch.compiler.disable(_hot_forward)
+    def _hot_forward_traced(self, x: torch.Tensor) -> torch.Tensor:
+        """forward while torch.compile traces: the HOT work runs inside opaque custom ops that
+        read the layer's per-call state at run time (hot.nn.compiled), so no graph break."""
+        self._check_features(x)
+        if not self._needs_backward(x):
+            return nn.functional.linear(x, self.weight, self.bias)
+        x, w, b = self._autocast(x, self.weight, self.bias)
+        return compiled.linear(self, x, w, b)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", " + self.hot_extra_repr()
@@ -207,39 +229,47 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            return self._hot_forward_untraced(x)
+            return self._hot_forward_traced(x)
         return self._hot_forward(x)
 
-    def _hot_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _check_4d(self, x: torch.Tensor) -> None:
         self._check_input(x)
         if x.dim() != 4:
             raise HOTLayerError(
                 f"HOT layer {self.hot_name!r}: HOTConv2d takes 4-D input (N, C, H, W), got shape "
                 f"{tuple(x.shape)}; add a batch dimension (x.unsqueeze(0))."
             )
+
+    def _seq(self, x: torch.Tensor, w: torch.Tensor, geom) -> int:
+        """Output positions per image for blocking='sequence', else 0."""
+        if self.hot_config.hla.blocking != "sequence":
+            return 0
+        h = (x.shape[2] + 2 * geom[1][0] - geom[2][0] * (w.shape[2] - 1) - 1) // geom[0][0] + 1
+        wd = (x.shape[3] + 2 * geom[1][1] - geom[2][1] * (w.shape[3] - 1) - 1) // geom[0][1] + 1
+        return h * wd
+
+    def _hot_forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_4d(x)
         if not self._needs_backward(x):
             return self._conv_forward(x, self.weight, self.bias)
         x, w, b = self._autocast(x, self.weight, self.bias)
         cfg = self.hot_config
         geom = self._geom()
-        if cfg.hla.blocking == "sequence":
-            h = (x.shape[2] + 2 * geom[1][0] - geom[2][0] * (w.shape[2] - 1) - 1) // geom[0][0] + 1
-            wd = (x.shape[3] + 2 * geom[1][1] - geom[2][1] * (w.shape[3] - 1) - 1) // geom[0][1] + 1
-            seq = h * wd
-        else:
-            seq = 0
+        seq = self._seq(x, w, geom)
         plan = make_plan(self, cfg, self._backend_for(x.device), seq)
         if not torch.is_autocast_enabled(x.device.type):
             return HOTConv2dFunction.apply(x, w, b, self, plan, geom)
         with torch.autocast(x.device.type, enabled=False):
             return HOTConv2dFunction.apply(x, w, b, self, plan, geom)
 
-    # HOT layers must not be traced: their backward draws fresh seeds and advances per-layer
-    # state on every call, which a traced graph would freeze into constants (the same rounding
-    # noise every step); the model compiles around them. forward takes this wrapper only while
-    # compiling: in eager mode torch.compiler.disable's wrapper costs ~100 us of host time per
-    # call (H100 machine, benchmarks/host_breakdown.py), more than a small layer's GPU work.
-    _hot_forward_untraced = torch.compiler.disable(_hot_forward)
+    def _hot_forward_traced(self, x: torch.Tensor) -> torch.Tensor:
+        """forward while torch.compile traces (see HOTLinear._hot_forward_traced)."""
+        self._check_4d(x)
+        if not self._needs_backward(x):
+            return self._conv_forward(x, self.weight, self.bias)
+        x, w, b = self._autocast(x, self.weight, self.bias)
+        geom = self._geom()
+        return compiled.conv2d(self, x, w, b, geom, self._seq(x, w, geom))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", " + self.hot_extra_repr()

@@ -1,0 +1,287 @@
+"""The torch.compile path of HOT layers: opaque custom ops, so a compiled model has no graph
+break at a HOT layer.
+
+A HOT layer's backward reads and advances per-layer state on every call (step counter, seeds,
+LQS), which a traced graph would freeze into constants. So the HOT work is hidden inside three
+torch.library custom ops whose Python implementations read that state at run time, exactly as
+the eager path does (``make_plan``, ``abc_save``, ``hot_backward``: no duplicated math):
+
+    hot::linear_fwd(x2d, W, b, key, need_gx, need_gw, exact, seq, rank, bits, row)
+        -> (y2d = x2d W^T + b, q_x, s_x)     q_x, s_x = the ABC copy (empty when not kept)
+    hot::conv_fwd(x, W, b, key, stride, padding, dilation, <same flags>)
+        -> (y = conv2d(x, W, b), q_x, s_x)   ABC of the unfolded patches (or the patches
+                                             themselves while exact)
+    hot::layer_bwd(g_y2d, W2d, saved0, saved1, key, exact, seq, need_gx, need_gw, in_features,
+                  x_dtype, w_dtype) -> (g_x2d, g_W2d)   (empty when not needed)
+
+The forward ops carry their backward through torch.library.register_autograd; the bias gradient
+(sum of g_y over tokens), reshapes and F.fold stay in the traced graph.
+
+``key`` is a per-layer constant: an int that names the layer in a registry of weak references,
+so dynamo bakes it into the graph and no step recompiles. Everything fixing the saved tensors'
+shapes is an explicit constant argument read from the layer while tracing (dynamo guards on
+each value): the config's HLA rank / bits / scale, the blocking length ``seq``, which gradients
+are needed, and the phase ``exact`` (the first ``exact_steps`` backward calls save x instead of
+the codes). The end of the exact phase therefore recompiles once: ``_hot_exact_phase`` is a bool
+that flips once, unlike the step counter which would recompile every step. The run-time
+implementations check these constants against the layer's live state and raise on a stale graph
+instead of computing with the wrong plan.
+
+Ops that are not ATen builtins are never recomputed in backward by AOT autograd's partitioner,
+so each forward op runs once per call (its seed draw and ABC happen once, as in eager mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import weakref
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..common import ops
+from ..common.ops import dtype_name
+from .function import _seq_pad, abc_save, hot_backward
+from .state import LayerPlan, make_plan
+
+_LAYERS: "weakref.WeakValueDictionary[int, torch.nn.Module]" = weakref.WeakValueDictionary()
+_KEYS = itertools.count(1)
+
+
+def register(layer) -> int:
+    """A fresh key naming ``layer`` (weakly) for the compiled ops."""
+    key = next(_KEYS)
+    _LAYERS[key] = layer
+    return key
+
+
+def _layer(key: int):
+    layer = _LAYERS.get(key)
+    if layer is None:
+        raise RuntimeError(
+            f"HOT compile path: layer key {key} names a HOT layer that no longer exists: a "
+            f"compiled graph outlived its model. Call torch._dynamo.reset() and compile again.")
+    return layer
+
+
+def _no_autocast(device_type: str):
+    """The ops receive already-cast inputs (the traced caller applies autocast as the eager path
+    does); their bodies must not be autocast again."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _empty(t: torch.Tensor) -> torch.Tensor:
+    return t.new_empty(0)
+
+
+def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: int,
+               row: bool) -> LayerPlan:
+    """make_plan as in eager mode (draws the ABC seed), after checking the traced constants."""
+    cfg = layer.hot_config
+    plan = make_plan(layer, cfg, layer._backend_for(x.device), seq)
+    h = cfg.hla
+    live = (plan.exact, h.rank, h.bits or 0, h.scale == "channel")
+    if live != (exact, rank, bits, row):
+        raise RuntimeError(
+            f"HOT layer {layer.hot_name!r}: the compiled graph was traced for (exact, rank, bits, "
+            f"per-channel scale) = {(exact, rank, bits, row)} but the layer now has {live}; "
+            f"this is a missing recompile: call torch._dynamo.reset() and compile again.")
+    return plan
+
+
+def _abc_fake(x2d: torch.Tensor, seq: int, rank: int, bits: int, row: bool):
+    """Shapes of abc_save's (q, s), from the declared hla_quantize op on fake tensors."""
+    return ops.hla_quantize(_seq_pad(x2d, seq), rank, "lowpass", bits,
+                            "row" if row else "tensor", False, 0, "reference")
+
+
+# ---------------------------------------------------------------- linear
+
+
+@torch.library.custom_op("hot::linear_fwd", mutates_args=())
+def linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
+               need_gx: bool, need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
+               row: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    layer = _layer(key)
+    with _no_autocast(x2d.device.type):
+        y = F.linear(x2d, w, b)
+        plan = _live_plan(layer, x2d, seq, exact, rank, bits, row)
+        if need_gw and not exact:
+            q, s = abc_save(plan, x2d)
+            return y, q.contiguous(), s.contiguous()
+    # While exact, x2d itself is kept (setup_context saves the input: no copy).
+    return y, _empty(y), _empty(y)
+
+
+@linear_fwd.register_fake
+def _(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row):
+    y = F.linear(x2d, w, b)
+    if need_gw and not exact:
+        q, s = _abc_fake(x2d, seq, rank, bits, row)
+        return y, q, s
+    return y, _empty(y), _empty(y)
+
+
+def _linear_setup(ctx, inputs, output):
+    x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row = inputs
+    _, q, s = output
+    saved = ((x2d,) if exact else (q, s)) if need_gw else ()
+    _setup_common(ctx, saved, w if need_gx else None, key, exact, seq, need_gx, need_gw,
+                  x2d.shape[1], x2d.dtype, w.dtype)
+    ctx.has_bias = b is not None
+
+
+def _linear_backward(ctx, gy2d, _gq, _gs):
+    gx, gw = _backward_2d(ctx, gy2d)
+    gb = gy2d.sum(0) if (ctx.has_bias and ctx.needs_input_grad[2]) else None
+    return gx, gw, gb, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("hot::linear_fwd", _linear_backward, setup_context=_linear_setup)
+
+
+# ---------------------------------------------------------------- conv2d
+
+
+def _patches(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation) -> torch.Tensor:
+    """The unfolded patches as (B * Ho * Wo, C * kh * kw), the rows HOTConv2dFunction uses."""
+    xu = F.unfold(x, w.shape[-2:], dilation, padding, stride)  # (B, Ckk, L)
+    return xu.transpose(1, 2).reshape(-1, xu.shape[1])
+
+
+@torch.library.custom_op("hot::conv_fwd", mutates_args=())
+def conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
+             stride: list[int], padding: list[int], dilation: list[int], need_gx: bool,
+             need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
+             row: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    layer = _layer(key)
+    with _no_autocast(x.device.type):
+        y = F.conv2d(x, w, b, stride, padding, dilation)
+        plan = _live_plan(layer, x, seq, exact, rank, bits, row)
+        if not need_gw:
+            return y, _empty(y), _empty(y)
+        saved = abc_save(plan, _patches(x, w, stride, padding, dilation))
+    if exact:  # the patches themselves (a transient of kh*kw times x, as in eager mode)
+        return y, saved[0].contiguous(), _empty(y)
+    return y, saved[0].contiguous(), saved[1].contiguous()
+
+
+@conv_fwd.register_fake
+def _(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank, bits, row):
+    y = F.conv2d(x, w, b, stride, padding, dilation)
+    if not need_gw:
+        return y, _empty(y), _empty(y)
+    rows = x.new_empty((y.shape[0] * y.shape[2] * y.shape[3], w[0].numel()))
+    if exact:
+        return y, rows, _empty(y)
+    q, s = _abc_fake(rows, seq, rank, bits, row)
+    return y, q, s
+
+
+def _conv_setup(ctx, inputs, output):
+    x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank, bits, row = inputs
+    _, q, s = output
+    saved = ((q,) if exact else (q, s)) if need_gw else ()
+    _setup_common(ctx, saved, w.reshape(w.shape[0], -1) if need_gx else None, key, exact, seq,
+                  need_gx, need_gw, w[0].numel(), x.dtype, w.dtype)
+    ctx.has_bias = b is not None
+    ctx.geom = (tuple(stride), tuple(padding), tuple(dilation))
+    ctx.x_shape, ctx.w_shape = tuple(x.shape), tuple(w.shape)
+
+
+def _conv_backward(ctx, gy, _gq, _gs):
+    stride, padding, dilation = ctx.geom
+    gy2d = gy.permute(0, 2, 3, 1).reshape(-1, gy.shape[1])
+    gx, gw = _backward_2d(ctx, gy2d)
+    if gx is not None:
+        # fold is the adjoint of unfold: overlapping patches sum, as the exact gradient does.
+        gx = gx.reshape(ctx.x_shape[0], -1, gx.shape[1]).transpose(1, 2)
+        gx = F.fold(gx, ctx.x_shape[-2:], ctx.w_shape[-2:], dilation, padding, stride)
+    if gw is not None:
+        gw = gw.reshape(ctx.w_shape)
+    gb = gy2d.sum(0) if (ctx.has_bias and ctx.needs_input_grad[2]) else None
+    return (gx, gw, gb) + (None,) * 11
+
+
+torch.library.register_autograd("hot::conv_fwd", _conv_backward, setup_context=_conv_setup)
+
+
+# ---------------------------------------------------------------- shared backward
+
+
+def _setup_common(ctx, saved, w2d, key, exact, seq, need_gx, need_gw, in_features, x_dtype,
+                  w_dtype):
+    ctx.n_saved = len(saved)
+    ctx.save_for_backward(*saved, *((w2d,) if w2d is not None else ()))
+    ctx.key, ctx.exact, ctx.seq = key, exact, seq
+    ctx.need_gx, ctx.need_gw, ctx.in_features = need_gx, need_gw, in_features
+    ctx.x_dtype, ctx.w_dtype = dtype_name(x_dtype), dtype_name(w_dtype)
+
+
+def _backward_2d(ctx, gy2d):
+    """(g_x as L x in_features, g_W as O x in_features) from hot::layer_bwd; None if not needed."""
+    t = ctx.saved_tensors
+    saved = list(t[: ctx.n_saved]) + [None] * (2 - ctx.n_saved)
+    w2d = t[ctx.n_saved] if ctx.need_gx else None
+    gx, gw = torch.ops.hot.layer_bwd(gy2d, w2d, saved[0], saved[1], ctx.key, ctx.exact, ctx.seq,
+                                    ctx.need_gx, ctx.need_gw, ctx.in_features, ctx.x_dtype,
+                                    ctx.w_dtype)
+    return (gx if ctx.need_gx else None), (gw if ctx.need_gw else None)
+
+
+@torch.library.custom_op("hot::layer_bwd", mutates_args=())
+def layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[torch.Tensor],
+             saved1: Optional[torch.Tensor], key: int, exact: bool, seq: int, need_gx: bool,
+             need_gw: bool, in_features: int, x_dtype: str,
+             w_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    layer = _layer(key)
+    # The plan hot_backward needs: its ABC seed is unused in backward; the live config is the one
+    # the forward op checked (a set_config between forward and backward is the caller's choice,
+    # as in eager mode where the forward's plan is kept: here the backward reads it again).
+    plan = LayerPlan(layer.hot_config, layer._backend_for(gy2d.device), exact, seq, 0)
+    saved = (saved0,) if exact else (saved0, saved1)
+    with _no_autocast(gy2d.device.type):
+        gx, gw = hot_backward(layer, plan, gy2d, w2d, saved if need_gw else (), need_gx,
+                              need_gw, ops._DTYPES[x_dtype], ops._DTYPES[w_dtype])
+    return (gx.contiguous() if gx is not None else _empty(gy2d),
+            gw.contiguous() if gw is not None else _empty(gy2d))
+
+
+@layer_bwd.register_fake
+def _(gy2d, w2d, saved0, saved1, key, exact, seq, need_gx, need_gw, in_features, x_dtype,
+      w_dtype):
+    n, o = gy2d.shape
+    gx = gy2d.new_empty((n, in_features), dtype=ops._DTYPES[x_dtype]) if need_gx else _empty(gy2d)
+    gw = gy2d.new_empty((o, in_features), dtype=ops._DTYPES[w_dtype]) if need_gw else _empty(gy2d)
+    return gx, gw
+
+
+# ---------------------------------------------------------------- traced entry points
+
+
+def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int):
+    """(need_gx, need_gw, exact, seq, rank, bits, row): the constants a graph is traced for."""
+    h = layer.hot_config.hla
+    return (x.requires_grad, w.requires_grad, layer._hot_exact_phase, seq, h.rank, h.bits or 0,
+            h.scale == "channel")
+
+
+def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    """HOTLinear's forward while compiling (inputs validated and autocast-cast by the caller)."""
+    seq = x.shape[-2] if (layer.hot_config.hla.blocking == "sequence" and x.dim() >= 3) else 0
+    x2d = x.reshape(-1, x.shape[-1])
+    y2d, _, _ = torch.ops.hot.linear_fwd(x2d, w, b, layer._hot_key, *_flags(layer, x, w, seq))
+    return y2d.reshape(*x.shape[:-1], y2d.shape[-1])
+
+
+def conv2d(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], geom,
+           seq: int) -> torch.Tensor:
+    """HOTConv2d's forward while compiling; geom = (stride, padding, dilation)."""
+    stride, padding, dilation = (list(g) for g in geom)
+    y, _, _ = torch.ops.hot.conv_fwd(x, w, b, layer._hot_key, stride, padding, dilation,
+                                     *_flags(layer, x, w, seq))
+    return y

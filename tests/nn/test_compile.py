@@ -1,0 +1,206 @@
+"""HOT layers inside torch.compile: no graph break, and the same training as eager mode.
+
+The compile path runs the same per-layer state machine (step counter, seeds, LQS, ABC) inside
+opaque custom ops (hot.nn.compiled), so with the same HOTConfig(seed=...) and the same batches
+a compiled HOT model must produce bit-identical gradients to the eager HOT model: the custom ops
+run the very same reference kernels on the very same inputs, and aot_eager runs the ATen ops
+between them unchanged. Any difference in the plan (wrong step, seed, phase, LQS choice, a
+forward op replayed in backward) changes stochastic-rounding codes and shows up as a gradient
+difference of the order of a quantization step, far above float rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn as nn
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
+
+import hot
+from hot.models.vit import TinyViT
+from hot.nn.modules import HOTLinear
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 48), nn.GELU(), nn.LayerNorm(48), nn.Linear(48, 16))
+
+
+def _train(model, fwd, batches, x_grad=False, autocast=False):
+    """SGD steps of fwd on (x, target) batches: [(loss, x.grad, {name: grad})] per step."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    out = []
+    for x, t in batches:
+        x = x.clone().requires_grad_(x_grad)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = fwd(x)
+        loss = (y.float() - t).square().mean()
+        loss.backward()
+        out.append((loss.detach(), x.grad,
+                    {n: p.grad.clone() for n, p in model.named_parameters()}))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return out
+
+
+def _batches(shape, out_dim, n=3):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(shape, generator=g), torch.randn(*shape[:-1], out_dim, generator=g))
+            for _ in range(n)]
+
+
+def _assert_same_training(eager, comp):
+    assert len(eager) == len(comp)
+    for step, ((le, gxe, ge), (lc, gxc, gc)) in enumerate(zip(eager, comp)):
+        assert torch.equal(le, lc), f"step {step}: loss {le} vs {lc}"
+        if gxe is not None:
+            assert torch.equal(gxe, gxc), f"step {step}: input gradient differs"
+        for n in ge:
+            assert torch.equal(ge[n], gc[n]), (
+                f"step {step}: grad of {n} differs by {(ge[n] - gc[n]).abs().max()}")
+
+
+def _steps(model):
+    return [int(m.hot_step) for _, m in hot.hot_layers(model)]
+
+
+def test_mlp_compiles_without_graph_breaks_and_trains_like_eager():
+    cfg = hot.HOTConfig(seed=7)
+    base = _mlp()
+    me = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    mc = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    batches = _batches((4, 8, 32), 16)
+    eager = _train(me, me, batches, x_grad=True)
+    # fullgraph=True raises at the first graph break; the counter double-checks.
+    comp = _train(mc, torch.compile(mc, backend="aot_eager", fullgraph=True), batches, x_grad=True)
+    assert sum(counters["graph_break"].values()) == 0
+    _assert_same_training(eager, comp)
+    # One backward per step advances each layer's counter by one, in both modes.
+    assert _steps(mc) == _steps(me) == [3, 3]
+    # The LQS state machine ran inside the ops as in eager mode.
+    assert [m.hot_lqs_value() for _, m in hot.hot_layers(mc)] == \
+           [m.hot_lqs_value() for _, m in hot.hot_layers(me)]
+
+
+def test_phases_recompile_once_not_per_step():
+    """exact_steps=1: step 0 saves x (exact), later steps save the ABC codes: one recompile at the
+    phase change, none for the step counter or seeds; int8_steps changes no shape: no recompile."""
+    cfg = hot.HOTConfig(seed=11, exact_steps=1, int8_steps=1)
+    base = _mlp()
+    me = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    mc = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    batches = _batches((2, 16, 32), 16, n=4)
+    eager = _train(me, me, batches)
+    cnt = CompileCounterWithBackend("aot_eager")
+    comp = _train(mc, torch.compile(mc, backend=cnt, fullgraph=True), batches)
+    _assert_same_training(eager, comp)
+    assert cnt.frame_count == 2
+    assert _steps(mc) == [4, 4]
+
+
+def test_tiny_vit_sequence_blocking_and_global_rng_seeds():
+    """TinyViT (attention, GELU, LayerNorm, CLS slicing) with blocking='sequence' and seed=None:
+    seeds come from torch's default generator, so the compiled ops must draw them in eager
+    order (forward ABC seeds layer by layer, then backward seeds in reverse)."""
+    cfg = hot.HOTConfig(hla=hot.HLAConfig(blocking="sequence"))
+    torch.manual_seed(0)
+    base = TinyViT(image_size=8, channels=1, classes=4, patch=4, dim=32, depth=1, heads=2, mlp=32)
+    me = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    mc = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    batches = _batches((3, 1, 8, 8), 4)
+    batches = [(x, t[:, 0, 0, :]) for x, t in batches]  # targets (B, classes)
+    fwd = torch.compile(mc, backend="aot_eager", fullgraph=True)
+    torch.manual_seed(5)
+    eager = _train(me, me, batches)
+    torch.manual_seed(5)
+    comp = _train(mc, fwd, batches)
+    _assert_same_training(eager, comp)
+    assert _steps(mc) == [3] * 6
+
+
+def test_conv_compiles_without_graph_breaks_and_trains_like_eager():
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(8, 16, 3, stride=2, bias=False), nn.Flatten(),
+                         nn.Linear(16 * 3 * 3, 5))
+    cfg = hot.HOTConfig(seed=2, exact_steps=1)
+    me = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    mc = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    batches = _batches((2, 3, 8, 8), 1)
+    batches = [(x, t[:, 0, 0, :1].expand(2, 5).contiguous()) for x, t in batches]
+    eager = _train(me, me, batches, x_grad=True)
+    comp = _train(mc, torch.compile(mc, backend="aot_eager", fullgraph=True), batches, x_grad=True)
+    _assert_same_training(eager, comp)
+    assert _steps(mc) == [3, 3, 3]
+
+
+def test_autocast_bf16_compiles_without_graph_breaks():
+    """Autocast is applied before the ops as in eager mode (bf16 codes of bf16 operands)."""
+    cfg = hot.HOTConfig(seed=4)
+    base = _mlp()
+    me = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    mc = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    batches = _batches((4, 4, 32), 16, n=2)
+    eager = _train(me, me, batches, autocast=True)
+    comp = _train(mc, torch.compile(mc, backend="aot_eager", fullgraph=True), batches,
+                  autocast=True)
+    _assert_same_training(eager, comp)
+
+
+def test_inductor_matches_eager():
+    """Inductor generates its own kernels for the ops between HOT layers. With only ReLU (exact
+    select), reshapes and the loss' 2*y between them, the custom ops see bit-identical inputs,
+    so the gradients are bit-identical (no bias: inductor may sum g_y in another order, which the
+    aot_eager tests cover exactly)."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(32, 32, bias=False), nn.ReLU(), nn.Linear(32, 16, bias=False))
+    cfg = hot.HOTConfig(seed=9)
+    me = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    mc = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    x = torch.randn(16, 32)
+    outs = []
+    for m, f in ((me, me), (mc, torch.compile(mc, backend="inductor", fullgraph=True))):
+        res = []
+        for _ in range(2):
+            m.zero_grad(set_to_none=True)
+            f(x).square().sum().backward()
+            res.append({n: p.grad.clone() for n, p in m.named_parameters()})
+        outs.append(res)
+    for ge, gc in zip(*outs):
+        for n in ge:
+            assert torch.equal(ge[n], gc[n]), n
+    assert _steps(mc) == [2, 2]
+
+
+def test_deepcopy_gets_its_own_key():
+    cfg = hot.HOTConfig(seed=1)
+    m = hot.convert(nn.Sequential(nn.Linear(16, 16)), cfg, backend="reference")
+    c = copy.deepcopy(m)
+    assert c[0]._hot_key != m[0]._hot_key
+    f = torch.compile(c, backend="aot_eager", fullgraph=True)
+    f(torch.randn(16, 16)).sum().backward()
+    assert _steps(c) == [1] and _steps(m) == [0]
+
+
+def test_stale_graph_constants_raise_naming_the_layer():
+    """The ops check the constants a graph was traced for against the layer's live state."""
+    layer = hot.convert(nn.Sequential(nn.Linear(16, 8)), hot.HOTConfig(seed=1),
+                        backend="reference")[0]
+    layer.hot_name = "enc.fc"
+    assert isinstance(layer, HOTLinear)
+    x = torch.randn(16, 16)
+    with pytest.raises(RuntimeError, match="enc.fc"):
+        # exact=True while the layer is past exact_steps (0): a stale graph.
+        torch.ops.hot.linear_fwd(x, layer.weight, layer.bias, layer._hot_key, False, True,
+                                 True, 0, 8, 8, True)
