@@ -11,11 +11,14 @@ the eager path does (``make_plan``, ``abc_save``, ``hot_backward``: no duplicate
     hot::conv_fwd(x, W, b, key, stride, padding, dilation, <same flags>)
         -> (y = conv2d(x, W, b), q_x, s_x)   ABC of the unfolded patches (or the patches
                                              themselves while exact)
-    hot::layer_bwd(g_y2d, W2d, saved0, saved1, key, exact, seq, need_gx, need_gw, in_features,
-                  x_dtype, w_dtype) -> (g_x2d, g_W2d)   (empty when not needed)
+    hot::layer_bwd(g_y2d, W2d, saved0, saved1, key, exact, seq, need_gx, need_gw, need_gb,
+                  in_features, x_dtype, w_dtype) -> (g_x2d, g_W2d, g_b)   (empty when not needed)
 
-The forward ops carry their backward through torch.library.register_autograd; the bias gradient
-(sum of g_y over tokens), reshapes and F.fold stay in the traced graph.
+The forward ops carry their backward through torch.library.register_autograd; reshapes and
+F.fold stay in the traced graph. The bias gradient (sum of g_y over tokens) is computed inside
+layer_bwd, as eager mode does: the same summation order, and the op always has a used output
+when it runs, so a layer whose only trainable tensor is the bias still advances its step (a
+functional op whose outputs are all unused would be dead-code eliminated).
 
 ``key`` is a per-layer constant: an int that names the layer in a registry of weak references,
 so dynamo bakes it into the graph and no step recompiles. Everything fixing the saved tensors'
@@ -136,8 +139,7 @@ def _linear_setup(ctx, inputs, output):
 
 
 def _linear_backward(ctx, gy2d, _gq, _gs):
-    gx, gw = _backward_2d(ctx, gy2d)
-    gb = gy2d.sum(0) if (ctx.has_bias and ctx.needs_input_grad[2]) else None
+    gx, gw, gb = _backward_2d(ctx, gy2d)
     return gx, gw, gb, None, None, None, None, None, None, None, None
 
 
@@ -196,14 +198,13 @@ def _conv_setup(ctx, inputs, output):
 def _conv_backward(ctx, gy, _gq, _gs):
     stride, padding, dilation = ctx.geom
     gy2d = gy.permute(0, 2, 3, 1).reshape(-1, gy.shape[1])
-    gx, gw = _backward_2d(ctx, gy2d)
+    gx, gw, gb = _backward_2d(ctx, gy2d)
     if gx is not None:
         # fold is the adjoint of unfold: overlapping patches sum, as the exact gradient does.
         gx = gx.reshape(ctx.x_shape[0], -1, gx.shape[1]).transpose(1, 2)
         gx = F.fold(gx, ctx.x_shape[-2:], ctx.w_shape[-2:], dilation, padding, stride)
     if gw is not None:
         gw = gw.reshape(ctx.w_shape)
-    gb = gy2d.sum(0) if (ctx.has_bias and ctx.needs_input_grad[2]) else None
     return (gx, gw, gb) + (None,) * 11
 
 
@@ -223,21 +224,23 @@ def _setup_common(ctx, saved, w2d, key, exact, seq, need_gx, need_gw, in_feature
 
 
 def _backward_2d(ctx, gy2d):
-    """(g_x as L x in_features, g_W as O x in_features) from hot::layer_bwd; None if not needed."""
+    """(g_x as L x in_features, g_W as O x in_features, g_b) from hot::layer_bwd; None where not
+    needed."""
     t = ctx.saved_tensors
     saved = list(t[: ctx.n_saved]) + [None] * (2 - ctx.n_saved)
     w2d = t[ctx.n_saved] if ctx.need_gx else None
-    gx, gw = torch.ops.hot.layer_bwd(gy2d, w2d, saved[0], saved[1], ctx.key, ctx.exact, ctx.seq,
-                                    ctx.need_gx, ctx.need_gw, ctx.in_features, ctx.x_dtype,
-                                    ctx.w_dtype)
-    return (gx if ctx.need_gx else None), (gw if ctx.need_gw else None)
+    need_gb = ctx.has_bias and ctx.needs_input_grad[2]
+    gx, gw, gb = torch.ops.hot.layer_bwd(gy2d, w2d, saved[0], saved[1], ctx.key, ctx.exact,
+                                         ctx.seq, ctx.need_gx, ctx.need_gw, need_gb,
+                                         ctx.in_features, ctx.x_dtype, ctx.w_dtype)
+    return (gx if ctx.need_gx else None), (gw if ctx.need_gw else None), (gb if need_gb else None)
 
 
 @torch.library.custom_op("hot::layer_bwd", mutates_args=())
 def layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[torch.Tensor],
-             saved1: Optional[torch.Tensor], key: int, exact: bool, seq: int, need_gx: bool,
-             need_gw: bool, in_features: int, x_dtype: str,
-             w_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+              saved1: Optional[torch.Tensor], key: int, exact: bool, seq: int, need_gx: bool,
+              need_gw: bool, need_gb: bool, in_features: int, x_dtype: str,
+              w_dtype: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
     # The plan hot_backward needs: its ABC seed is unused in backward; the live config is the one
     # the forward op checked (a set_config between forward and backward is the caller's choice,
@@ -247,17 +250,19 @@ def layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[
     with _no_autocast(gy2d.device.type):
         gx, gw = hot_backward(layer, plan, gy2d, w2d, saved if need_gw else (), need_gx,
                               need_gw, ops._DTYPES[x_dtype], ops._DTYPES[w_dtype])
+    gb = gy2d.sum(0) if need_gb else _empty(gy2d)
     return (gx.contiguous() if gx is not None else _empty(gy2d),
-            gw.contiguous() if gw is not None else _empty(gy2d))
+            gw.contiguous() if gw is not None else _empty(gy2d), gb)
 
 
 @layer_bwd.register_fake
-def _(gy2d, w2d, saved0, saved1, key, exact, seq, need_gx, need_gw, in_features, x_dtype,
-      w_dtype):
+def _(gy2d, w2d, saved0, saved1, key, exact, seq, need_gx, need_gw, need_gb, in_features,
+      x_dtype, w_dtype):
     n, o = gy2d.shape
     gx = gy2d.new_empty((n, in_features), dtype=ops._DTYPES[x_dtype]) if need_gx else _empty(gy2d)
     gw = gy2d.new_empty((o, in_features), dtype=ops._DTYPES[w_dtype]) if need_gw else _empty(gy2d)
-    return gx, gw
+    gb = gy2d.new_empty((o,)) if need_gb else _empty(gy2d)
+    return gx, gw, gb
 
 
 # ---------------------------------------------------------------- traced entry points
