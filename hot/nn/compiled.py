@@ -32,6 +32,9 @@ instead of computing with the wrong plan.
 
 Ops that are not ATen builtins are never recomputed in backward by AOT autograd's partitioner,
 so each forward op runs once per call (its seed draw and ABC happen once, as in eager mode).
+The ops are tagged cudagraph_unsafe: a CUDA graph would replay their kernels with the seeds of
+the captured step and skip the host-side state updates (mode="reduce-overhead" then runs them
+outside the CUDA graphs).
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ from ..common import ops
 from ..common.ops import dtype_name
 from .function import _seq_pad, abc_save, hot_backward
 from .state import LayerPlan, make_plan
+
+# torch 2.14 has the tag; on a torch without it the ops go untagged.
+_TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
 
 _LAYERS: "weakref.WeakValueDictionary[int, torch.nn.Module]" = weakref.WeakValueDictionary()
 _KEYS = itertools.count(1)
@@ -105,7 +111,7 @@ def _abc_fake(x2d: torch.Tensor, seq: int, rank: int, bits: int, row: bool):
 # ---------------------------------------------------------------- linear
 
 
-@torch.library.custom_op("hot::linear_fwd", mutates_args=())
+@torch.library.custom_op("hot::linear_fwd", mutates_args=(), tags=_TAGS)
 def linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
                need_gx: bool, need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
                row: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -155,7 +161,7 @@ def _patches(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation) -> tor
     return xu.transpose(1, 2).reshape(-1, xu.shape[1])
 
 
-@torch.library.custom_op("hot::conv_fwd", mutates_args=())
+@torch.library.custom_op("hot::conv_fwd", mutates_args=(), tags=_TAGS)
 def conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
              stride: list[int], padding: list[int], dilation: list[int], need_gx: bool,
              need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
@@ -236,7 +242,7 @@ def _backward_2d(ctx, gy2d):
     return (gx if ctx.need_gx else None), (gw if ctx.need_gw else None), (gb if need_gb else None)
 
 
-@torch.library.custom_op("hot::layer_bwd", mutates_args=())
+@torch.library.custom_op("hot::layer_bwd", mutates_args=(), tags=_TAGS)
 def layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[torch.Tensor],
               saved1: Optional[torch.Tensor], key: int, exact: bool, seq: int, need_gx: bool,
               need_gw: bool, need_gb: bool, in_features: int, x_dtype: str,

@@ -229,3 +229,20 @@ def test_stale_graph_constants_raise_naming_the_layer():
         # exact=True while the layer is past exact_steps (0): a stale graph.
         torch.ops.hot.linear_fwd(x, layer.weight, layer.bias, layer._hot_key, False, True,
                                  True, 0, 8, 8, True)
+
+
+def test_ops_are_kept_out_of_cuda_graphs():
+    """A CUDA graph replay would reuse the captured step's seeds and skip the state updates;
+    inductor's check for graph nodes it must not capture has to flag each HOT op (and no
+    ordinary op: the check is not vacuous)."""
+    from torch._inductor.utils import get_first_incompatible_cudagraph_node
+
+    def flagged(target) -> bool:
+        g = torch.fx.Graph()
+        g.output(g.call_function(target, ()))
+        return get_first_incompatible_cudagraph_node(torch.fx.GraphModule(nn.Module(), g)) \
+            is not None
+
+    assert not flagged(torch.ops.aten.mm.default)
+    for op in (torch.ops.hot.linear_fwd, torch.ops.hot.conv_fwd, torch.ops.hot.layer_bwd):
+        assert flagged(op.default), op
