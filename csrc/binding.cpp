@@ -222,12 +222,12 @@ std::string check_scale(Kind kind, const char* name, const torch::Tensor& s, int
 
 // A checked scale as a contiguous vector whose storage extends to a multiple of kScalePad
 // floats (the epilogue's vector loads may read that far): `s` itself when it holds one value per
-// row and its storage has that room (hot.fast.quant allocates its scales so: no copy, no launch),
-// else one copy. Entries past `rows` only ever meet output rows or columns that are not stored
+// row, starts 16-byte aligned and its storage has that room (hot.fast.quant allocates its scales
+// so: no copy, no launch), else one copy. Entries past `rows` only ever meet output rows or columns that are not stored
 // (or are cut off by the narrow below), so their values do not matter.
 torch::Tensor scale_vector(const torch::Tensor& s, int64_t rows) {
   const int64_t padded = round_up(std::max<int64_t>(rows, 1), kScalePad);
-  if (s.size(0) == rows && s.is_contiguous() &&
+  if (s.size(0) == rows && s.is_contiguous() && reinterpret_cast<uintptr_t>(s.data_ptr()) % 16 == 0 &&
       s.storage().nbytes() >= static_cast<size_t>(s.storage_offset() + padded) * sizeof(float)) {
     return s.reshape({-1});
   }

@@ -133,6 +133,28 @@ def test_stream_k_on_a_vit_weight_gradient_shape(ext):
         assert torch.equal(out.cpu(), _expected(a, b, sa, sb, dtype)), dtype
 
 
+def test_scales_in_place_and_copied(ext):
+    # The binding reads a scale in place when its storage extends to a multiple of 256 floats
+    # and it starts 16-byte aligned (what hot.fast.quant allocates); a view one float into a
+    # buffer (misaligned) or a short storage must be copied, with the same result.
+    gen = torch.Generator().manual_seed(13)
+    m, n, k = 40, 48, 64
+    a, b = _codes(m, k, -127, 127, gen), _codes(n, k, -127, 127, gen)
+    sa, sb = _scales(m, n, gen)
+    exp = _expected(a, b, sa, sb, torch.float32)
+    dev = torch.device("cuda")
+    padded = torch.empty(256, device=dev).as_strided((m, 1), (1, 1))
+    padded.copy_(sa.to(dev))
+    shifted = torch.empty(257, device=dev)[1:].as_strided((m, 1), (1, 1))
+    shifted.copy_(sa.to(dev))
+    for name, int4 in _kernels(ext):
+        if int4:
+            continue
+        for sa_dev in (padded, shifted, sa.to(dev)):
+            out = getattr(ext, name)(a.to(dev), b.to(dev), sa_dev, sb.to(dev), torch.float32, 0)
+            assert torch.equal(out.cpu(), exp), name
+
+
 @pytest.mark.parametrize("per_a,per_b", [(True, False), (False, True), (True, True)])
 def test_per_tensor_scales_broadcast(ext, per_a, per_b):
     gen = torch.Generator().manual_seed(7)
