@@ -27,8 +27,6 @@ class Backend:
     int_gemm_nt: Callable
     # (device) -> None if usable, else the reason it is not.
     why_unavailable: Callable[[torch.device], Optional[str]]
-    # None if 'auto' may pick this backend, else why it runs only when requested by name.
-    auto_reason: Optional[str] = None
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -71,8 +69,7 @@ def requested_backend(name: Optional[str] = None) -> str:
 def resolve_backend(name: Optional[str], device: torch.device, layer: str = "") -> str:
     """The concrete backend ('reference' or 'fast') to run on ``device``.
 
-    'auto' picks fast where it is built, the device supports it and the backend allows automatic
-    selection (``Backend.auto_reason`` is None), else reference.
+    'auto' picks fast where it is built and the device supports it, else reference.
     'fast' where it cannot run raises with the reason.
     """
     name = requested_backend(name)
@@ -83,7 +80,7 @@ def resolve_backend(name: Optional[str], device: torch.device, layer: str = "") 
         why = fast.why_unavailable(device)
     except BackendUnavailableError as e:
         why = str(e)
-    if why is None and (name == "fast" or fast.auto_reason is None):
+    if why is None:
         return "fast"
     if name == "fast":
         where = f" for layer {layer!r}" if layer else ""

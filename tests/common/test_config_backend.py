@@ -85,15 +85,14 @@ def test_fast_via_env_fails_and_auto_falls_back(monkeypatch):
     assert backend.resolve_backend("reference", torch.device("cpu")) == "reference"
 
 
-def test_auto_picks_fast_only_where_it_may(monkeypatch):
-    # Pretend the device can run the fast kernels; 'auto' must still respect auto_reason.
+def test_auto_picks_fast_where_it_can_run(monkeypatch):
+    # Pretend the device can run the fast kernels: 'auto' and 'fast' both pick it; 'reference'
+    # stays the reference.
     from hot.common.backend import get_backend, resolve_backend
 
     fast = get_backend("fast")
     monkeypatch.setattr(fast, "why_unavailable", lambda device: None)
     dev = torch.device("cpu")
-    monkeypatch.setattr(fast, "auto_reason", "opt-in")
-    assert resolve_backend("auto", dev) == "reference"
-    assert resolve_backend("fast", dev) == "fast"
-    monkeypatch.setattr(fast, "auto_reason", None)
     assert resolve_backend("auto", dev) == "fast"
+    assert resolve_backend("fast", dev) == "fast"
+    assert resolve_backend("reference", dev) == "reference"
