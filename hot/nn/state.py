@@ -72,11 +72,16 @@ def make_plan(layer, cfg: HOTConfig, backend: str, seq: int) -> LayerPlan:
     return LayerPlan(cfg, backend, exact, seq, seed_x)
 
 
+# g_y scale mode of the g_x path: forced by HQConfig.gy_scale, or LQS's decision.
+_FORCED_MODE = {"token": "row", "tensor": "tensor"}
+_DECIDED_MODE = {LQS_TOKEN: "row", LQS_TENSOR: "tensor"}
+
+
 def _lqs_mode(layer, cfg: HOTConfig, gy2d: torch.Tensor, bits: int) -> str:
-    forced = {"token": "row", "tensor": "tensor"}.get(cfg.hq.gy_scale)
+    forced = _FORCED_MODE.get(cfg.hq.gy_scale)
     if forced:
         return forced
-    decided = {LQS_TOKEN: "row", LQS_TENSOR: "tensor"}.get(layer.hot_lqs_value())
+    decided = _DECIDED_MODE.get(layer.hot_lqs_value())
     if decided:
         return decided
     # Calibrating: measure on the transformed g_y that is actually quantized.
