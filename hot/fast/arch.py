@@ -15,15 +15,16 @@ import torch
 ARCHS = ("sm80", "sm90")
 
 
-def _flag(name: str) -> bool:
+def env_flag(name: str) -> bool:
+    """Whether the environment variable `name` is set to anything but "" or "0"."""
     return os.environ.get(name, "0") not in ("", "0")
 
 
 # Read once, at import (Triton reads TRITON_INTERPRET when a kernel is decorated, which is also
 # at import): the Triton interpreter runs the kernels on CPU (tests); HOT_FAST_AUTOTUNE=1 makes
 # the quantizers and the Triton GEMM autotune their tiles instead of using one fixed tile.
-INTERPRET = _flag("TRITON_INTERPRET")
-AUTOTUNE = _flag("HOT_FAST_AUTOTUNE")
+INTERPRET = env_flag("TRITON_INTERPRET")
+AUTOTUNE = env_flag("HOT_FAST_AUTOTUNE")
 
 # Quantize-kernel variant of the g_y / W passes (hot.fast.quant._VARIANTS says what each is;
 # hot/fast/quant_kernels_v4.py the methods). "dot" is the v2/v3 kernel of quant_kernels.py;

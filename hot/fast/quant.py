@@ -21,7 +21,7 @@ from ..common.config import BLOCK
 from ..common.ops import pad_to
 from ..common.walsh import hadamard16, hla_matrix, hla_rows, sequency, sylvester
 from ..reference import ops as ref
-from .arch import AUTOTUNE, INTERPRET, QKERNEL, QKERNELS
+from .arch import AUTOTUNE, INTERPRET, QKERNEL, QKERNELS, env_flag
 from .launch import Meta, _spec
 
 # Tile of one program: multiples of 16 (whole Hadamard / Walsh blocks in both directions).
@@ -117,13 +117,6 @@ def _key(seed: int) -> int:
     return k - (1 << 32) if k >= (1 << 31) else k
 
 
-def scale_from_amax(amax: torch.Tensor, bits: int) -> torch.Tensor:
-    """quant.absmax_scale after the max: amax / qmax, 1 where amax == 0, NaN/Inf propagate."""
-    amax = amax.to(torch.float32)
-    s = amax / quant.qmax(bits)
-    return torch.where(amax == 0, torch.ones_like(s), s)
-
-
 def _dot_types_of(dtype: torch.dtype, dev: torch.device):
     """(Triton dot dtype name, input_precision) for the transform dots.
 
@@ -154,7 +147,7 @@ def _tl_dtype(name: str):
 
 
 # int64 offsets in every quantizer kernel even where int32 suffices (tests and A/B timing).
-FORCE_IDX64 = os.environ.get("HOT_FAST_IDX64", "0") not in ("", "0")
+FORCE_IDX64 = env_flag("HOT_FAST_IDX64")
 
 
 # Multiply by the reciprocal scale instead of dividing: not the spec (codes may flip), only for
@@ -249,9 +242,10 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
     amax, epoch = _WS.take(dev, nh + nl + 1)
     hla_amax = amax[nh:] if nh else amax
     base = (x, x.stride(0), x.stride(1), r, c, p["h16"], p["t"], amax, hla_amax)
-    # Launch keys: the plan fixes every shape argument and the matrices; the workspace, its view
-    # and the fresh outputs are always 16-byte aligned. What varies is x's alignment, the epoch
-    # and the seed keys (Triton specializes ints on == 1 and divisibility by 16).
+    # Launch keys: the plan fixes every shape argument, the matrices and the alignment of the
+    # workspace view (a fresh allocation offset by nh entries) and of the fresh outputs. What
+    # varies is x's alignment, the epoch and the seed keys (Triton specializes ints on == 1 and
+    # divisibility by 16).
     xa = x.data_ptr() % 16 == 0
     p["stats"](p["grid"], base + (epoch,), p["sw"], (p["uid"], xa, _spec(epoch)))
     hq_q = hq_s = hla_q = hla_s = None
@@ -270,10 +264,6 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
         hla_q if hla else amax, hla_s if hla else amax, p["lr"], p["l16"] // BLOCK, k2), p["qsw"],
         (p["uid"], xa, _spec(k1), _spec(k2)))
     return hq_q, hq_s, hla_q, hla_s
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
 
 
 def _tag(q: torch.Tensor, bits: int) -> torch.Tensor:
