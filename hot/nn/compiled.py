@@ -39,7 +39,6 @@ outside the CUDA graphs).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import weakref
 from typing import Optional
@@ -49,7 +48,7 @@ import torch.nn.functional as F
 
 from ..common import ops
 from ..common.ops import dtype_name
-from .function import _seq_pad, abc_save, hot_backward
+from .function import _seq_pad, abc_save, hot_backward, no_autocast
 from .state import LayerPlan, make_plan
 
 # torch 2.14 has the tag; on a torch without it the ops go untagged.
@@ -73,14 +72,6 @@ def _layer(key: int):
             f"HOT compile path: layer key {key} names a HOT layer that no longer exists: a "
             f"compiled graph outlived its model. Call torch._dynamo.reset() and compile again.")
     return layer
-
-
-def _no_autocast(device_type: str):
-    """The ops receive already-cast inputs (the traced caller applies autocast as the eager path
-    does); their bodies must not be autocast again."""
-    if torch.is_autocast_enabled(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
 
 
 def _empty(t: torch.Tensor) -> torch.Tensor:
@@ -116,7 +107,7 @@ def linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], ke
                need_gx: bool, need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
                row: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
-    with _no_autocast(x2d.device.type):
+    with no_autocast(x2d.device.type):
         y = F.linear(x2d, w, b)
         plan = _live_plan(layer, x2d, seq, exact, rank, bits, row)
         if need_gw and not exact:
@@ -167,7 +158,7 @@ def conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: i
              need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
              row: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
-    with _no_autocast(x.device.type):
+    with no_autocast(x.device.type):
         y = F.conv2d(x, w, b, stride, padding, dilation)
         plan = _live_plan(layer, x, seq, exact, rank, bits, row)
         if not need_gw:
@@ -253,7 +244,7 @@ def layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[
     # as in eager mode where the forward's plan is kept: here the backward reads it again).
     plan = LayerPlan(layer.hot_config, layer._backend_for(gy2d.device), exact, seq, 0)
     saved = (saved0,) if exact else (saved0, saved1)
-    with _no_autocast(gy2d.device.type):
+    with no_autocast(gy2d.device.type):
         gx, gw = hot_backward(layer, plan, gy2d, w2d, saved if need_gw else (), need_gx,
                               need_gw, ops._DTYPES[x_dtype], ops._DTYPES[w_dtype])
     gb = gy2d.sum(0) if need_gb else _empty(gy2d)
@@ -281,9 +272,9 @@ def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int):
             h.scale == "channel")
 
 
-def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
+           seq: int) -> torch.Tensor:
     """HOTLinear's forward while compiling (inputs validated and autocast-cast by the caller)."""
-    seq = x.shape[-2] if (layer.hot_config.hla.blocking == "sequence" and x.dim() >= 3) else 0
     x2d = x.reshape(-1, x.shape[-1])
     y2d, _, _ = torch.ops.hot.linear_fwd(x2d, w, b, layer._hot_key, *_flags(layer, x, w, seq))
     return y2d.reshape(*x.shape[:-1], y2d.shape[-1])

@@ -15,6 +15,8 @@ and does not keep W. During the layer's first ``exact_steps`` backward calls eve
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -33,6 +35,15 @@ def _seq_pad(t: torch.Tensor, seq: int) -> torch.Tensor:
     if s16 == seq:
         return t
     return F.pad(t.reshape(n, seq, -1), (0, 0, 0, s16 - seq)).reshape(n * s16, -1)
+
+
+def no_autocast(device_type: str):
+    """A context in which autocast is off. HOT's inputs arrive already cast (the layer applies
+    autocast itself, as nn.Linear would), so the HOT work must not be autocast again; outside
+    autocast this is a null context (entering torch.autocast costs host time on every call)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _mode(scale: str) -> str:

@@ -16,7 +16,7 @@ import torch.nn as nn
 from ..common.backend import resolve_backend
 from ..common.config import HOTConfig
 from . import compiled
-from .function import HOTConv2dFunction, HOTLinearFunction
+from .function import HOTConv2dFunction, HOTLinearFunction, no_autocast
 from .state import LQS_UNDECIDED, make_plan
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -194,13 +194,13 @@ class HOTLinear(_HOTMixin, nn.Linear):
         if not self._needs_backward(x):
             return nn.functional.linear(x, self.weight, self.bias)
         x, w, b = self._autocast(x, self.weight, self.bias)
-        cfg = self.hot_config
-        seq = x.shape[-2] if (cfg.hla.blocking == "sequence" and x.dim() >= 3) else 0
-        plan = make_plan(self, cfg, self._backend_for(x.device), seq)
-        if not torch.is_autocast_enabled(x.device.type):  # entering autocast costs host time
+        plan = make_plan(self, self.hot_config, self._backend_for(x.device), self._seq(x))
+        with no_autocast(x.device.type):
             return HOTLinearFunction.apply(x, w, b, self, plan)
-        with torch.autocast(x.device.type, enabled=False):
-            return HOTLinearFunction.apply(x, w, b, self, plan)
+
+    def _seq(self, x: torch.Tensor) -> int:
+        """Rows per sequence (tokens) for blocking='sequence', else 0."""
+        return x.shape[-2] if (self.hot_config.hla.blocking == "sequence" and x.dim() >= 3) else 0
 
     def _hot_forward_traced(self, x: torch.Tensor) -> torch.Tensor:
         """forward while torch.compile traces: the HOT work runs inside opaque custom ops that
@@ -209,7 +209,7 @@ class HOTLinear(_HOTMixin, nn.Linear):
         if not self._needs_backward(x):
             return nn.functional.linear(x, self.weight, self.bias)
         x, w, b = self._autocast(x, self.weight, self.bias)
-        return compiled.linear(self, x, w, b)
+        return compiled.linear(self, x, w, b, self._seq(x))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", " + self.hot_extra_repr()
@@ -257,9 +257,7 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
         geom = self._geom()
         seq = self._seq(x, w, geom)
         plan = make_plan(self, cfg, self._backend_for(x.device), seq)
-        if not torch.is_autocast_enabled(x.device.type):
-            return HOTConv2dFunction.apply(x, w, b, self, plan, geom)
-        with torch.autocast(x.device.type, enabled=False):
+        with no_autocast(x.device.type):
             return HOTConv2dFunction.apply(x, w, b, self, plan, geom)
 
     def _hot_forward_traced(self, x: torch.Tensor) -> torch.Tensor:
