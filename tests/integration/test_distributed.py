@@ -21,6 +21,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _run_two_ranks(worker) -> dict:
+    """``worker(rank, 2, port, out)`` on two spawned processes; what rank 0 put in ``out``."""
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(worker, args=(2, _free_port(), out), nprocs=2, join=True)
+        return dict(out)
+
+
 def _worker(rank: int, world: int, port: int, out: dict):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -66,10 +74,7 @@ def _worker(rank: int, world: int, port: int, out: dict):
 def test_ddp_two_ranks():
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
-        res = dict(out)
+    res = _run_two_ranks(_worker)
     assert res["grads_differ"], "ranks drew identical rounding noise"
     assert res["lqs_equal"], "LQS decided differently on different ranks"
     assert res["params_equal"] and res["finite"]
@@ -118,10 +123,7 @@ def test_fsdp2_two_ranks_matches_one_process_when_exact():
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
     pytest.importorskip("torch.distributed.fsdp")
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_fsdp_worker, args=(2, _free_port(), out), nprocs=2, join=True)
-        res = dict(out)
+    res = _run_two_ranks(_fsdp_worker)
     # One process, the same model, loss = mean of the two ranks' losses (FSDP2 averages grads).
     net = hot.convert(_net(), hot.HOTConfig.exact(), backend="reference")
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
