@@ -33,26 +33,18 @@ HLA = (8, "lowpass", 8, "row", True, 2)
 
 
 def _parts(x, hq=HQ, hla=HLA):
-    """(stats only, quantize only) launchers for x."""
-    r, c = x.shape
-    p = fq._pass_plan(r, c, x.stride(), x.dtype, x.device, hq[:3], hla[:5])
-    nh, nl = p["nh"], p["nl"]
-    hq_q = torch.empty((r, p["c16"]), dtype=torch.int8, device=x.device)
-    hq_s = torch.empty((nh, 1), dtype=torch.float32, device=x.device)
-    hla_q = torch.empty((c, p["lr"]), dtype=torch.int8, device=x.device)
-    hla_s = torch.empty((nl, 1), dtype=torch.float32, device=x.device)
+    """(stats only, quantize only) launchers for x (arguments as hot.fast.quant.gy_pass builds
+    them, outputs allocated once)."""
+    p = fq.plan_for(x, hq, hla)
+    stats_args, quant_args, _ = fq.pass_args(x, p, hq, hla)
 
     def stats():
-        amax, epoch = fq._WS.take(x.device, nh + nl + 1)
-        base = (x, x.stride(0), x.stride(1), r, c, p["h16"], p["t"], amax, amax[nh:])
-        p["stats"](p["grid"], base + (epoch,), p["sw"])
-        return base
+        p["stats"](p["grid"], stats_args, p["sw"])
 
-    base = stats()
+    stats()
 
     def quant():
-        p["quant"](p["grid"], base + (hq_q, hq_s, p["c16"], fq._key(1), hla_q, hla_s, p["lr"],
-                                      p["l16"] // 16, fq._key(2)), p["qsw"])
+        p["quant"](p["grid"], quant_args, p["qsw"])
 
     return stats, quant
 

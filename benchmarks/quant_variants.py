@@ -58,21 +58,10 @@ def _floor_ms(x, hq, hla, bw):
 
 def _quant_only(x, hq, hla):
     """A closure launching the quantize kernel alone (its stats launched once before)."""
-    r, c = x.shape
-    p = fq._pass_plan(r, c, x.stride(), x.dtype, x.device, hq[:3] if hq else None,
-                      hla[:5] if hla else None)
-    nh, nl = p["nh"], p["nl"]
-    amax, epoch = fq._WS.take(x.device, nh + nl + 1)
-    base = (x, x.stride(0), x.stride(1), r, c, p["h16"], p["t"], amax, amax[nh:] if nh else amax)
-    p["stats"](p["grid"], base + (epoch,), p["sw"])
-    dev = x.device
-    hq_q = torch.empty((r, p["c16"]), dtype=torch.int8, device=dev) if hq else amax
-    hq_s = torch.empty((max(nh, 1), 1), dtype=torch.float32, device=dev) if hq else amax
-    hla_q = torch.empty((c, p["lr"]), dtype=torch.int8, device=dev) if hla else amax
-    hla_s = torch.empty((max(nl, 1), 1), dtype=torch.float32, device=dev) if hla else amax
-    args = base + (hq_q, hq_s, p["c16"], fq._key(hq[3]) if hq else 0, hla_q, hla_s, p["lr"],
-                   p["l16"] // 16, fq._key(hla[5]) if hla else 0)
-    return lambda: p["quant"](p["grid"], args, p["qsw"])
+    p = fq.plan_for(x, hq, hla)
+    stats_args, quant_args, _ = fq.pass_args(x, p, hq, hla)
+    p["stats"](p["grid"], stats_args, p["sw"])
+    return lambda: p["quant"](p["grid"], quant_args, p["qsw"])
 
 
 def _time(fn) -> float:

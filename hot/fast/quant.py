@@ -227,27 +227,23 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
                 grid=grid, sw=Meta(**sw, **tile), qsw=Meta(**qsw, **tile))
 
 
-def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
-    """Two launches over x (stats, then quantize) for HQ and/or HLA; no memset, no host sync.
+def plan_for(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]) -> dict:
+    """The cached pass plan of x's shape, strides, dtype and device (hq / hla as in gy_pass)."""
+    r, c = x.shape
+    return _pass_plan(r, c, x.stride(), x.dtype, x.device, hq[:3] if hq else None,
+                      hla[:5] if hla else None)
 
-    hq  = (bits, scale_mode, stochastic, seed)                    -> (q (R, C16), scale)
-    hla = (rank, selection, bits, scale_mode, stochastic, seed)   -> (q (C, L16/16*rank), scale)
-    Returns (hq_q, hq_s, hla_q, hla_s), None for a part not asked for. Both bits must be > 0.
-    The scales are formed inside quant_kernel.
-    """
+
+def pass_args(x: torch.Tensor, p: dict, hq: Optional[tuple], hla: Optional[tuple]):
+    """The runtime arguments of one pass over x with plan p: (stats_args, quant_args, outputs),
+    outputs = (hq_q, hq_s, hla_q, hla_s) that quant_args fill (None for a part not asked for).
+    Takes the next epoch of the absmax workspace. Shared by gy_pass and the benchmarks that
+    launch the two kernels separately (benchmarks/gy_pass_breakdown.py, quant_variants.py)."""
     r, c = x.shape
     dev = x.device
-    p = _pass_plan(r, c, x.stride(), x.dtype, dev, hq[:3] if hq else None, hla[:5] if hla else None)
     nh, nl = p["nh"], p["nl"]
     amax, epoch = _WS.take(dev, nh + nl + 1)
-    hla_amax = amax[nh:] if nh else amax
-    base = (x, x.stride(0), x.stride(1), r, c, p["h16"], p["t"], amax, hla_amax)
-    # Launch keys: the plan fixes every shape argument, the matrices and the alignment of the
-    # workspace view (a fresh allocation offset by nh entries) and of the fresh outputs. What
-    # varies is x's alignment, the epoch and the seed keys (Triton specializes ints on == 1 and
-    # divisibility by 16).
-    xa = x.data_ptr() % 16 == 0
-    p["stats"](p["grid"], base + (epoch,), p["sw"], (p["uid"], xa, _spec(epoch)))
+    base = (x, x.stride(0), x.stride(1), r, c, p["h16"], p["t"], amax, amax[nh:] if nh else amax)
     hq_q = hq_s = hla_q = hla_s = None
     # Scales in allocations padded to SCALE_PAD floats: the CUTLASS GEMMs then read them in place
     # (csrc/binding.cpp, scale_vector) instead of copying them into padded vectors. One storage
@@ -258,12 +254,36 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
     if hla:
         hla_q = torch.empty((c, p["lr"]), dtype=torch.int8, device=dev)
         hla_s = torch.empty(p["hla_spad"], dtype=torch.float32, device=dev).as_strided((nl, 1), (1, 1))
-    k1, k2 = _key(hq[3]) if hq else 0, _key(hla[5]) if hla else 0
-    p["quant"](p["grid"], base + (
-        hq_q if hq else amax, hq_s if hq else amax, p["c16"], k1,
-        hla_q if hla else amax, hla_s if hla else amax, p["lr"], p["l16"] // BLOCK, k2), p["qsw"],
-        (p["uid"], xa, _spec(k1), _spec(k2)))
-    return hq_q, hq_s, hla_q, hla_s
+    quant_args = base + (
+        hq_q if hq else amax, hq_s if hq else amax, p["c16"], _key(hq[3]) if hq else 0,
+        hla_q if hla else amax, hla_s if hla else amax, p["lr"], p["l16"] // BLOCK,
+        _key(hla[5]) if hla else 0)
+    return base + (epoch,), quant_args, (hq_q, hq_s, hla_q, hla_s)
+
+
+# Where the varying integers sit in the kernels' argument lists (pass_args' order).
+_EPOCH_ARG, _HQ_KEY_ARG, _HLA_KEY_ARG = 9, 12, 17
+
+
+def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
+    """Two launches over x (stats, then quantize) for HQ and/or HLA; no memset, no host sync.
+
+    hq  = (bits, scale_mode, stochastic, seed)                    -> (q (R, C16), scale)
+    hla = (rank, selection, bits, scale_mode, stochastic, seed)   -> (q (C, L16/16*rank), scale)
+    Returns (hq_q, hq_s, hla_q, hla_s), None for a part not asked for. Both bits must be > 0.
+    The scales are formed inside quant_kernel.
+    """
+    p = plan_for(x, hq, hla)
+    stats_args, quant_args, outputs = pass_args(x, p, hq, hla)
+    # Launch keys: the plan fixes every shape argument, the matrices and the alignment of the
+    # workspace view (a fresh allocation offset by nh entries) and of the fresh outputs. What
+    # varies is x's alignment, the epoch and the seed keys (Triton specializes ints on == 1 and
+    # divisibility by 16).
+    xa = x.data_ptr() % 16 == 0
+    p["stats"](p["grid"], stats_args, p["sw"], (p["uid"], xa, _spec(stats_args[_EPOCH_ARG])))
+    p["quant"](p["grid"], quant_args, p["qsw"], (p["uid"], xa, _spec(quant_args[_HQ_KEY_ARG]),
+                                                 _spec(quant_args[_HLA_KEY_ARG])))
+    return outputs
 
 
 def _tag(q: torch.Tensor, bits: int) -> torch.Tensor:

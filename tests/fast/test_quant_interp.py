@@ -181,3 +181,30 @@ def test_ops_through_the_dispatcher_equal_the_direct_calls():
     for a, b in zip(fq.hq_quantize(w.t(), 4, "tensor", True, 3),
                     ops.hq_quantize(w.t(), 4, "tensor", True, 3, "fast")):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("variant", ["dot", "mix"])
+def test_launch_key_indexes_name_the_varying_arguments(variant, monkeypatch):
+    # gy_pass keys its launches on the arguments at _EPOCH_ARG / _HQ_KEY_ARG / _HLA_KEY_ARG: they
+    # must be the epoch and the two seed keys of both kernels, and pass_args must put there what
+    # it was given (a shifted argument list would key launches on a shape instead).
+    monkeypatch.setattr(fq, "QKERNEL_VARIANT", variant)
+    fq._pass_plan.cache_clear()
+    try:
+        if variant == "dot":
+            from hot.fast.quant_kernels import quant_kernel as qk, stats_kernel as sk
+        else:
+            from hot.fast.quant_kernels_v4 import quant_kernel_v4 as qk, stats_kernel_v4 as sk
+        assert sk.arg_names[fq._EPOCH_ARG] == "epoch"
+        assert qk.arg_names[fq._HQ_KEY_ARG] == "hq_key"
+        assert qk.arg_names[fq._HLA_KEY_ARG] == "hla_key"
+        x = _x((20, 24), torch.float32, 1)
+        hq, hla = (4, "row", True, 11), (8, "lowpass", 8, "row", True, 22)
+        p = fq.plan_for(x, hq, hla)
+        stats_args, quant_args, _ = fq.pass_args(x, p, hq, hla)
+        again, _, _ = fq.pass_args(x, p, hq, hla)
+        assert again[fq._EPOCH_ARG] == stats_args[fq._EPOCH_ARG] + 1  # one epoch per pass
+        assert quant_args[fq._HQ_KEY_ARG] == fq._key(11)
+        assert quant_args[fq._HLA_KEY_ARG] == fq._key(22)
+    finally:
+        fq._pass_plan.cache_clear()
