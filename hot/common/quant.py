@@ -1,23 +1,35 @@
 """Quantizer definitions shared by every backend: levels, scales, rounding, the random stream.
 
-Exact math (b = bits, qmax = 2^(b-1) - 1, symmetric levels -qmax..qmax, no -2^(b-1) code):
+Exact math (b = bits, qmax = 2^(b-1) - 1, symmetric levels -qmax..qmax, no -2^(b-1) code; every
+operation below is one float32 operation, rounded to nearest even, none fused with another):
 
     amax  = max |x| over the scale group (a row, a column, or the whole tensor)
     scale = amax / qmax, or 1 where amax == 0 (an all-zero group quantizes to exact zeros)
-    v     = x / scale
-    q     = clamp(floor(v + u), -qmax, qmax)   stochastic, u ~ U[0, 1) from ``uniform``
+    r     = 1 / scale, correctly rounded, once per group; 0 where that overflows to +Inf
+    v     = x * r
+    q     = clamp(floor(v + u), -qmax, qmax)   stochastic, u in [0, 1) from ``uniform``; v + u
+                                                is rounded to float32 before the floor (no FMA)
           = clamp(round_half_even(v), ...)      nearest
     x_hat = q * scale
 
-Stochastic rounding is unbiased: E[floor(v + u)] = v for u uniform on [0, 1). Our u is uniform
-on a grid, which leaves a bias in E[q] - v of at most one grid step: on the hash stream (and on
-GPU) u takes the 2^24 values k / 2^24, a bias in [-2^-24, 0] of a quantization step; on the
-default CPU stream it takes the 2^16 midpoints (k + 1/2) / 2^16, so P(round up) = round(2^16 f)
-/ 2^16 for f = frac(v) and the bias is at most 2^-17 of a step in either direction.
+Why a reciprocal: the GPU kernels then pay one multiply per code instead of a correctly rounded
+division (about 15% of the quantize kernel's time on an H100, docs/kernels.md); x * r may differ
+from x / scale by an ulp, which moves a code only where v lies within an ulp of a rounding
+boundary, and the reference computes the same x * r, so the two backends still agree bit for bit.
+r overflows only for scale < 2^-128 (amax below ~1e-36, under float32's normal range times qmax):
+such a group is flushed, its codes are 0 and its scale is kept, as float32 arithmetic underflows
+(a reciprocal of +Inf there would send every nonzero element to +-qmax instead).
 
-Non-finite input: a group that holds a NaN or Inf gets a non-finite scale (amax propagates it),
-its q is stored as 0, and every product with that scale is non-finite. Integer storage cannot hold
-NaN; the scale carries it, so an AMP GradScaler still sees the overflow.
+Stochastic rounding is unbiased: E[floor(v + u)] = v for u uniform on [0, 1). Our u takes the
+2^16 midpoints (k + 1/2) / 2^16 on both the hash stream and the default CPU stream, so
+P(round up) = round(2^16 f) / 2^16 for f = frac(v): the bias of E[q] - v is at most 2^-17 of a
+step in either direction. On the GPU default stream (torch.rand, k / 2^24) it lies in
+[-2^-24, 0].
+
+Non-finite input: a group that holds a NaN or Inf gets a non-finite scale (amax propagates it), so
+r is 0 (scale Inf) or NaN, v is 0 or NaN, and its q is stored as 0; every product with that scale
+is non-finite. Integer storage cannot hold NaN; the scale carries it, so an AMP GradScaler still
+sees the overflow.
 
 Random numbers u come from one of two streams, both a function of (seed, element index) only:
 
@@ -26,15 +38,19 @@ Random numbers u come from one of two streams, both a function of (seed, element
   hosts), the generator seeded from SeedSequence([seed]). On GPU, torch.rand from a
   torch.Generator seeded with ``seed`` (24-bit). Row-major order.
 * "hash" (what the fast kernels compute; the reference uses it inside ``hash_rng()`` or with
-  HOT_RNG=hash, so tests can compare both backends bit for bit): a counter-based hash,
+  HOT_RNG=hash, so tests can compare both backends bit for bit): a counter-based hash giving
+  two 16-bit thresholds per 32-bit hash, for the element at row-major index i,
 
     key     = mix32(seed XOR 0x9E3779B9)
-    bits32  = mix32((index mod 2^32) XOR key)
-    u       = (bits32 >> 8) / 2^24
+    w       = mix32(((i >> 1) mod 2^32) XOR key)          one hash per pair (2m, 2m + 1)
+    k       = (w >> (16 * (i & 1))) & 0xFFFF            low half for even i, high half for odd
+    u       = (k + 1/2) / 2^16
 
-where ``index`` is the row-major position of the element in the quantized output tensor, and
-mix32 is the "lowbias32" integer finalizer (xor-shift 16, * 0x7FEB352D, xor-shift 15,
-* 0x846CA68B, xor-shift 16, all modulo 2^32).
+where ``i`` is the row-major position of the element in the quantized output tensor, and mix32
+is the "lowbias32" integer finalizer (xor-shift 16, * 0x7FEB352D, xor-shift 15, * 0x846CA68B,
+xor-shift 16, all modulo 2^32). The two codes of a pair use disjoint bits of one hash, so they
+are as independent as two hashes would be (lowbias32's halves are close to independent; the
+tests check uniformity and the pair correlation).
 """
 
 from __future__ import annotations
@@ -156,13 +172,14 @@ def _cpu_uniform(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def hash_uniform(seed: int, shape: tuple[int, ...], device=None) -> torch.Tensor:
-    """The hash stream: u for the element at row-major index i is mix32(i ^ key(seed)) >> 8 / 2^24."""
-    n = 1
-    for s in shape:
-        n *= s
-    idx = torch.arange(n, device=device, dtype=torch.int64) & M32
-    bits = mix32_tensor(idx ^ seed_key(seed))
-    return ((bits >> 8).to(torch.float32) * (1.0 / (1 << 24))).reshape(shape)
+    """The hash stream (module docstring): u for the element at row-major index i is
+    (k + 1/2) / 2^16, k the half of w = mix32(((i >> 1) mod 2^32) ^ key(seed)) that i & 1 picks."""
+    n = math.prod(shape)
+    pairs = torch.arange((n + 1) // 2, device=device, dtype=torch.int64) & M32
+    w = mix32_tensor(pairs ^ seed_key(seed))
+    k = torch.stack([w & 0xFFFF, w >> 16], dim=1).reshape(-1)[:n]  # even i: low half, odd: high
+    # k * 2^-16 + 2^-17 is exact in float32 (17 significant bits).
+    return k.to(torch.float32).mul_(2.0**-16).add_(2.0**-17).reshape(shape)
 
 
 def absmax_scale(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
@@ -186,17 +203,26 @@ def absmax_scale(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
     return torch.where(amax == 0, torch.ones_like(scale), scale)
 
 
+def reciprocal(scale: torch.Tensor) -> torch.Tensor:
+    """r = 1 / scale in float32, correctly rounded (IEEE division), and 0 where that overflows to
+    +Inf (scale < 2^-128: the group is flushed to zero codes, module docstring). r = 0 for an
+    Inf scale and NaN for a NaN scale, so such groups' codes come out 0 or NaN -> 0."""
+    r = torch.reciprocal(scale.to(torch.float32))
+    return r.masked_fill_(r == math.inf, 0.0)
+
+
 def round_to_levels(
     v: torch.Tensor, bits: int, stochastic: bool, seed: int
 ) -> torch.Tensor:
-    """Round v (already divided by its scale) to the integer levels; returns int8.
+    """Round v (already multiplied by its reciprocal scale) to the integer levels; returns int8:
+    clamp(floor(fl32(v + u)), +-qmax) or clamp(round_half_even(v), +-qmax).
 
     Non-finite v is stored as 0 (its scale is non-finite and carries the NaN/Inf).
     """
     m = qmax(bits)
     if stochastic:
         q = uniform(seed, tuple(v.shape), device=v.device)
-        q.add_(v).floor_()
+        q.add_(v).floor_()  # v + u, one float32 addition, then the floor
     else:
         q = torch.round(v)
     # clamp maps +-Inf to +-qmax and keeps NaN; nan_to_num_ then stores NaN as 0. (In-place: this
@@ -210,28 +236,33 @@ def quantize(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q int8, scale fp32) with x ~= q * scale; see the module docstring for the exact math.
 
-    Equal to ``round_to_levels(x / scale, ...)``, computed in fewer passes over x (this runs on
-    every gradient element; the reference's CPU step time is the demo's budget).
+    Equal to ``round_to_levels(x * reciprocal(scale), ...)``, computed in fewer passes over x
+    (this runs on every gradient element; the reference's CPU step time is the demo's budget).
     """
     x = x.to(torch.float32)
     scale = absmax_scale(x, bits, mode)
+    # x * r and then + u as two separately rounded operations: torch.addcmul_ could be
+    # contracted into an FMA by the compiler of its vectorized kernel, which is not the spec.
+    # Into a contiguous buffer: x may be a transposed view (HLA), and q must be row-major.
+    v = torch.mul(x, reciprocal(scale), out=torch.empty(x.shape, dtype=torch.float32,
+                                                        device=x.device))
     if not stochastic:
-        return round_to_levels(x / scale, bits, False, seed), scale
+        return round_to_levels(v, bits, False, seed), scale
     m = qmax(bits)
-    q = uniform(seed, tuple(x.shape), device=x.device)
-    q.addcdiv_(x, scale).floor_().clamp_(-m, m)  # u + x / scale, rounded as two float32 ops
+    v.add_(uniform(seed, tuple(x.shape), device=x.device)).floor_().clamp_(-m, m)
     if not bool(torch.isfinite(scale).all()):
-        q.nan_to_num_(0.0)  # codes of non-finite groups are stored as 0; the scale carries NaN/Inf
-    return q.to(torch.int8), scale
+        v.nan_to_num_(0.0)  # codes of non-finite groups are stored as 0; the scale carries NaN/Inf
+    return v.to(torch.int8), scale
 
 
 def expected_sr_error(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
-    """E ||x - SR(x)||^2 under stochastic rounding: sum scale^2 * f (1 - f), f = frac(x / scale).
+    """E ||x - SR(x)||^2 under stochastic rounding: sum scale^2 * f (1 - f), f = frac(v),
+    v = x * reciprocal(scale) as the quantizers form it (so both backends' LQS decide alike).
 
     Deterministic (no random draw), which is why LQS uses it rather than one noisy sample.
     """
     x = x.to(torch.float32)
     scale = absmax_scale(x, bits, mode)
-    v = x / scale
+    v = x * reciprocal(scale)
     f = v - torch.floor(v)
     return (scale.expand_as(v) ** 2 * f * (1 - f)).sum()

@@ -150,11 +150,6 @@ def _tl_dtype(name: str):
 FORCE_IDX64 = env_flag("HOT_FAST_IDX64")
 
 
-# Multiply by the reciprocal scale instead of dividing: not the spec (codes may flip), only for
-# timing the exact division in benchmarks/gy_pass_breakdown.py. Never set elsewhere.
-_RECIP_TIMING_ONLY = False
-
-
 class _Workspace:
     """The epoch-tagged absmax vector of the stats kernel, reused across calls (no memset).
 
@@ -216,7 +211,9 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
         sw.update(HQ_METHOD=v4[0], HLA_METHOD=v4[1], HLA_PART=int(split), SEL=_sel(rank, selection))
     qsw = dict(sw, RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
                HQ_STOCH=bool(hq and hq[2]), HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0,
-               HLA_STOCH=bool(hla and hla[4]), RECIP=_RECIP_TIMING_ONLY)
+               HLA_STOCH=bool(hla and hla[4]),
+               # The spec rounds t * r and v + u separately: no FMA contraction (quant_kernels).
+               enable_fp_fusion=False)
     if v4 and len(v4) > 3:
         sw.update(HQ_METHOD=v4[3], HLA_METHOD=v4[4])
     if tile:  # a fixed tile: the grid is known now

@@ -11,8 +11,21 @@ scales need a global reduction, so a call is two launches over the same tiles:
         replaces whatever an earlier call left there: the vector is a reused workspace that
         needs no zeroing (every entry a call reads is written by at least one of its tiles);
     quant_kernel: transform again, scale = amax / qmax (1 where amax == 0, NaN/Inf propagate,
-        written out by the first program of each row/column), divide, round (hash-stream
-        stochastic or half-even), store int8 codes.
+        written out by the first program of each row/column), r = 1 / scale once per row/column,
+        v = t * r, round (hash-stream stochastic or half-even), store int8 codes.
+
+The quantize kernels must be compiled with enable_fp_fusion=False (hot.fast.quant passes it):
+the spec rounds t * r and then v + u separately, and with fusion on, Triton / ptxas contract
+them into one FMA (and v - floor(v) of the nearest rounding into fma(t, r, -floor)), which moves
+a code wherever the unrounded product lies on the other side of a boundary
+(tests/common/test_quant.py builds such a case). The butterflies' other products are by 1/4 or
+by 2^-16, exact either way; the dots' products with the +-1/4 matrices are exact too.
+
+Hash stream (hot.common.quant): one lowbias32 hash per PAIR of codes (indices 2m, 2m + 1), its
+low 16 bits for the even code and its high 16 bits for the odd one. Where both codes of a pair
+sit in one program (HQ: adjacent columns of a row, C16 a multiple of 16; HLA: adjacent
+coefficients t of one block, rank >= 2) the kernels hash once per pair; ``_u_at`` computes any
+single code's u from the formula.
 
 Transforms are plain tile GEMMs against constant block-diagonal matrices (no reshapes), gathered
 in registers from the 16x16 H16 and the RP x 16 T (tiny, L1-resident):
@@ -42,12 +55,57 @@ def _mix32(x):
 
 
 @triton.jit
-def _round(v, idx, key, QMAX: tl.constexpr, STOCH: tl.constexpr):
-    """clamp(floor(v + u), +-QMAX) with u from the hash stream at uint32 index ``idx``, or
-    clamp(round_half_even(v)); NaN -> 0 (the scale carries the NaN), exactly as quant.round_to_levels."""
+def _u_lo(w):
+    """(k + 1/2) / 2^16 for k = the low 16 bits of the uint32 hash w. Built as the float32 bit
+    pattern of 1 + k 2^-16 + 2^-17 (k in mantissa bits 22..7, bit 6 the half) minus 1.0, which
+    is exact (17 significant bits), instead of an int-to-float conversion (quarter rate on
+    NVIDIA GPUs)."""
+    b = ((w << 7) & 0x7FFF80) | 0x3F800040
+    return b.to(tl.float32, bitcast=True) - 1.0
+
+
+@triton.jit
+def _u_hi(w):
+    """(k + 1/2) / 2^16 for k = the high 16 bits of w (as _u_lo)."""
+    b = ((w >> 9) & 0x7FFF80) | 0x3F800040
+    return b.to(tl.float32, bitcast=True) - 1.0
+
+
+@triton.jit
+def _u_at(idx, key):
+    """u of the code at row-major index ``idx`` (int32 or int64, >= 0) from the formula: the
+    half (idx & 1) of mix32(((idx >> 1) mod 2^32) ^ key). One hash per code: for codes whose
+    pair partner is not at hand."""
+    w = _mix32((idx >> 1).to(tl.uint32) ^ key)
+    odd = (idx & 1) == 1
+    return tl.where(odd, _u_hi(w), _u_lo(w))
+
+
+@triton.jit
+def _u_pairs_last(pair0, key, N: tl.constexpr):
+    """u of N codes at consecutive indices along a new last axis (N even), one hash per pair:
+    ``pair0`` holds (index of the first code) >> 1 as uint32, the first index even."""
+    us = ()
+    for p in tl.static_range(N // 2):
+        w = _mix32((pair0 + p) ^ key)
+        us = us + (_u_lo(w), _u_hi(w))
+    return us
+
+
+@triton.jit
+def _recip(s):
+    """r = 1 / s correctly rounded, 0 where that overflows to +Inf (s < 2^-128), as
+    quant.reciprocal; r of an Inf scale is 0 and of a NaN scale NaN (codes 0 either way)."""
+    r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    return tl.where(r > 3.4028234663852886e38, 0.0, r)
+
+
+@triton.jit
+def _round(v, u, QMAX: tl.constexpr, STOCH: tl.constexpr):
+    """clamp(floor(v + u), +-QMAX) (v + u one float32 addition) with u from the hash stream, or
+    clamp(round_half_even(v)) (u unused); NaN -> 0 (the scale carries the NaN), exactly as
+    quant.round_to_levels."""
     if STOCH:
-        bits = _mix32(idx ^ key)
-        u = (bits >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2^-24, exact
         q = tl.floor(v + u)
     else:
         f = tl.floor(v)
@@ -83,18 +141,6 @@ def _idx(v, IDX64: tl.constexpr):
     # One return statement: triton 3.6 rejects differently typed returns even under a constexpr if.
     if IDX64:
         v = v.to(tl.int64)
-    return v
-
-
-@triton.jit
-def _div(t, s, RECIP: tl.constexpr):
-    # t / s correctly rounded: the spec (hot.common.quant). RECIP = t * (1 / s) instead is NOT
-    # the spec (up to 1 ulp off, so codes may flip); it exists only so that
-    # benchmarks/gy_pass_breakdown.py can measure what the exact division costs.
-    if RECIP:
-        v = t * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
-    else:
-        v = tl.math.div_rn(t, s)
     return v
 
 
@@ -159,6 +205,17 @@ def stats_kernel(
             tl.atomic_max(hla_amax_ptr, _tagged(tl.max(a, axis=0), epoch), sem="relaxed")
 
 
+@triton.jit
+def _hq_u_tile(rows, pid_c, C16, key, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+               IDX64: tl.constexpr):
+    """u (BLOCK_R, BLOCK_C) of the HQ codes of a tile, code (row, col) at row * C16 + col: the
+    pair (col, col + 1) for even col from one hash (C16 and the tile's first column are even)."""
+    ce = pid_c * BLOCK_C + 2 * tl.arange(0, BLOCK_C // 2)
+    pair0 = ((_idx(rows[:, None], IDX64) * C16 + ce[None, :]) >> 1).to(tl.uint32)
+    lo, hi = _u_pairs_last(pair0, key, 2)
+    return tl.reshape(tl.join(lo, hi), (BLOCK_R, BLOCK_C))
+
+
 @triton.jit(do_not_specialize=["hq_key", "hla_key"])
 def quant_kernel(
     x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr,
@@ -167,9 +224,10 @@ def quant_kernel(
     RANK: tl.constexpr, RP: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr, RECIP: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    """Codes and scales of one tile (module docstring); compile with enable_fp_fusion=False."""
     ZR: tl.constexpr = BLOCK_R // 16 * RP
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -181,15 +239,19 @@ def quant_kernel(
             s = _scale(tl.load(hq_amax_ptr + rows, mask=rmask, other=0), HQ_QMAX)
             if pid_c == 0:
                 tl.store(hq_s_ptr + rows, s, mask=rmask)
-            v = _div(t, s[:, None], RECIP)
+            v = t * _recip(s)[:, None]
         else:
             s = _scale(tl.load(hq_amax_ptr), HQ_QMAX)
             if (pid_r == 0) & (pid_c == 0):
                 tl.store(hq_s_ptr, s)
-            v = _div(t, tl.full(t.shape, 1.0, tl.float32) * s, RECIP)
-        # Row-major index of the code in q, modulo 2^32 (the hash stream's counter).
+            v = t * _recip(s)
+        if HQ_STOCH:
+            u = _hq_u_tile(rows, pid_c, C16, hq_key.to(tl.uint32, bitcast=True), BLOCK_R,
+                           BLOCK_C, IDX64)
+        else:
+            u = v  # unused by nearest rounding
         off = _idx(rows[:, None], IDX64) * C16 + cols[None, :]
-        q = _round(v, off.to(tl.uint32), hq_key.to(tl.uint32, bitcast=True), HQ_QMAX, HQ_STOCH)
+        q = _round(v, u, HQ_QMAX, HQ_STOCH)
         tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
     if DO_HLA:
         cmask = cols < C
@@ -198,12 +260,12 @@ def quant_kernel(
             s = _scale(tl.load(hla_amax_ptr + cols, mask=cmask, other=0), HLA_QMAX)
             if pid_r == 0:
                 tl.store(hla_s_ptr + cols, s, mask=cmask)
-            v = _div(z, s[None, :], RECIP)
+            v = z * _recip(s)[None, :]
         else:
             s = _scale(tl.load(hla_amax_ptr), HLA_QMAX)
             if (pid_r == 0) & (pid_c == 0):
                 tl.store(hla_s_ptr, s)
-            v = _div(z, tl.full(z.shape, 1.0, tl.float32) * s, RECIP)
+            v = z * _recip(s)
         # Every rank hla_rows accepts is a power of two, so T has no padding rows (RP == RANK)
         # and the tile's codes of one column are ZR consecutive bytes: code (block jb, row tk)
         # sits at jb * RANK + tk == pid_r * ZR + k. Written as such, the compiler sees the
@@ -212,5 +274,10 @@ def quant_kernel(
         k = tl.arange(0, ZR)
         keep = k < (NBLK - pid_r * (BLOCK_R // 16)) * RANK
         off = _idx(cols[None, :], IDX64) * LR + (pid_r * ZR + k)[:, None]
-        q = _round(v, off.to(tl.uint32), hla_key.to(tl.uint32, bitcast=True), HLA_QMAX, HLA_STOCH)
+        if HLA_STOCH:
+            # Pairs run down axis 0 here; this comparison kernel hashes per code (same values).
+            u = _u_at(off, hla_key.to(tl.uint32, bitcast=True))
+        else:
+            u = v
+        q = _round(v, u, HLA_QMAX, HLA_STOCH)
         tl.store(hla_q_ptr + off, q, mask=keep[:, None] & cmask[None, :])

@@ -28,6 +28,14 @@ HLA_PART (1 = split): a third grid axis of size 2 when both halves run: program 
     z = 1 does HLA, so each program holds only one transform's registers (a runtime branch on
     program_id(2)); 0: one program does both (grid z = 1).
 
+Epilogue (hot.common.quant, quant_kernels docstring): v = t * r with r = 1 / scale once per
+scale group, codes floor(v + u) or half-even; the hash stream gives one hash per pair of codes.
+The butterfly paths hash on the 16 (HQ) or RANK (HLA) output slabs before they are joined: slabs
+2p and 2p + 1 hold the even and odd code of one pair, so pair p of a block takes one hash and its
+u are joined exactly as the transformed values are (same layout). The K=16 dot path pairs
+adjacent columns of its tile (quant_kernels._hq_u_tile); the HLA dot path and rank 1 hash per
+code (_u_at). Compiled with enable_fp_fusion=False, like quant_kernel.
+
 Non-finite inputs under "bfly": an Inf stays inside its own block of 16 (no zero entries of a
 block-diagonal matrix multiply it), as in the reference; the dot paths turn it into NaN across
 the tile row/column (docs/kernels.md). Either way the scale of that row/column is non-finite and
@@ -39,7 +47,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quant_kernels import _abs_bits, _div, _hla_z, _idx, _round, _scale, _tagged
+from .quant_kernels import (_abs_bits, _hla_z, _hq_u_tile, _idx, _recip, _round, _scale, _tagged,
+                            _u_at, _u_pairs_last)
 
 
 @triton.jit
@@ -92,11 +101,12 @@ def _split16(x, P: tl.constexpr):
 
 
 @triton.jit
-def _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, BLOCK_R: tl.constexpr,
+def _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, C16, key, BLOCK_R: tl.constexpr,
              BLOCK_C: tl.constexpr, HQ_METHOD: tl.constexpr, DOT_DTYPE: tl.constexpr,
-             PREC: tl.constexpr, IDX64: tl.constexpr):
+             PREC: tl.constexpr, IDX64: tl.constexpr, STOCH: tl.constexpr):
     """t (BLOCK_R, BLOCK_C) float32 = the tile (zero past R / C) times blockdiag(H16), in the
-    row-major order of the tile, by HQ_METHOD; plus its rows and cols."""
+    row-major order of the tile, by HQ_METHOD; u (same shape) of the hash stream for the codes
+    at row * C16 + col when STOCH (key: the uint32 seed key; else u is t, unused); rows, cols."""
     NB: tl.constexpr = BLOCK_C // 16
     P: tl.constexpr = BLOCK_R * NB
     rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -111,6 +121,12 @@ def _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, BLOCK_R: tl.constexpr,
                        .to(tl.float32),)
         ys = _fwht16(xs)
         t = tl.reshape(_join_last(ys, 16), (BLOCK_R, BLOCK_C)) * 0.25
+        if STOCH:
+            # Slab i holds column 16 j + i: slabs 2p, 2p + 1 are one pair (one hash).
+            pair0 = ((_idx(rows[:, None], IDX64) * C16 + jb[None, :]) >> 1).to(tl.uint32)
+            u = tl.reshape(_join_last(_u_pairs_last(pair0, key, 16), 16), (BLOCK_R, BLOCK_C))
+        else:
+            u = t
     else:
         # (P, 16) view of the tile: row m = r * NB + j, column i -> x[r, 16 j + i].
         m = tl.arange(0, P)
@@ -124,10 +140,21 @@ def _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, BLOCK_R: tl.constexpr,
             t = tl.dot(xp.to(DOT_DTYPE), h.to(DOT_DTYPE), input_precision=PREC,
                        out_dtype=tl.float32)
             t = tl.reshape(t, (BLOCK_R, BLOCK_C))
+            if STOCH:
+                u = _hq_u_tile(rows, pid_c, C16, key, BLOCK_R, BLOCK_C, IDX64)
+            else:
+                u = t
         else:
             ys = _fwht16(_split16(xp.to(tl.float32), P))
             t = tl.reshape(_join_last(ys, 16), (BLOCK_R, BLOCK_C)) * 0.25
-    return t, rows, cols
+            if STOCH:
+                # As "bfly", on the (P,) slabs: block (r, j) starts at code r * C16 + 16 j.
+                c0 = pid_c * BLOCK_C + (m % NB) * 16
+                pair0 = ((_idx(r, IDX64) * C16 + c0) >> 1).to(tl.uint32)
+                u = tl.reshape(_join_last(_u_pairs_last(pair0, key, 16), 16), (BLOCK_R, BLOCK_C))
+            else:
+                u = t
+    return t, u, rows, cols
 
 
 @triton.jit
@@ -169,8 +196,8 @@ def stats_kernel_v4(
     part = tl.program_id(2)
     if DO_HQ:
         if part == 0:
-            t, rows, cols = _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, hb_ptr, BLOCK_R,
-                                     BLOCK_C, HQ_METHOD, DOT_DTYPE, PREC, IDX64)
+            t, _, rows, cols = _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, hb_ptr, 0, 0,
+                                        BLOCK_R, BLOCK_C, HQ_METHOD, DOT_DTYPE, PREC, IDX64, False)
             a = tl.max(_abs_bits(t), axis=1)
             if HQ_ROW:
                 tl.atomic_max(hq_amax_ptr + rows, _tagged(a, epoch), mask=rows < R, sem="relaxed")
@@ -194,6 +221,20 @@ def stats_kernel_v4(
                 tl.atomic_max(hla_amax_ptr, _tagged(tl.max(a, axis=0), epoch), sem="relaxed")
 
 
+@triton.jit
+def _hla_u_v4(cols, jb, LR, key, NJ: tl.constexpr, BLOCK_C: tl.constexpr, RANK: tl.constexpr,
+              IDX64: tl.constexpr):
+    """u (NJ, BLOCK_C, RANK) of the HLA codes at c * LR + jb * RANK + t, joined like _hla_z_v4's
+    z: for RANK >= 2 the slabs t = 2p, 2p + 1 are one pair (LR and jb * RANK are even), one hash
+    each; for RANK 1 one hash per code."""
+    if RANK >= 2:
+        pair0 = ((_idx(cols[None, :], IDX64) * LR + (jb * RANK)[:, None]) >> 1).to(tl.uint32)
+        u = tl.reshape(_join_last(_u_pairs_last(pair0, key, RANK), RANK), (NJ, BLOCK_C, RANK))
+    else:
+        u = tl.reshape(_u_at(_idx(cols[None, :], IDX64) * LR + jb[:, None], key), (NJ, BLOCK_C, 1))
+    return u
+
+
 @triton.jit(do_not_specialize=["hq_key", "hla_key"])
 def quant_kernel_v4(
     x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr,
@@ -202,13 +243,14 @@ def quant_kernel_v4(
     RANK: tl.constexpr, RP: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr, RECIP: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
     HQ_METHOD: tl.constexpr, HLA_METHOD: tl.constexpr, HLA_PART: tl.constexpr, SEL: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """quant_kernels.quant_kernel with the transforms of HQ_METHOD / HLA_METHOD (module doc):
-    scale = amax / qmax (1 where amax == 0), v = t / scale (div_rn), codes by _round at the
-    row-major index of the code in q (the hash stream's counter), the same as quant_kernel."""
+    scale = amax / qmax (1 where amax == 0), v = t * (1 / scale), codes by _round with u of the
+    code's row-major index in q (hash stream, one hash per pair where the pair is at hand), the
+    same as quant_kernel. Compile with enable_fp_fusion=False."""
     ZR: tl.constexpr = BLOCK_R // 16 * RP
     tl.static_assert(RP == RANK)  # every rank hla_rows accepts is a power of two
     pid_r = tl.program_id(0)
@@ -216,21 +258,22 @@ def quant_kernel_v4(
     part = tl.program_id(2)
     if DO_HQ:
         if part == 0:
-            t, rows, cols = _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, hb_ptr, BLOCK_R,
-                                     BLOCK_C, HQ_METHOD, DOT_DTYPE, PREC, IDX64)
+            t, u, rows, cols = _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, hb_ptr, C16,
+                                        hq_key.to(tl.uint32, bitcast=True), BLOCK_R, BLOCK_C,
+                                        HQ_METHOD, DOT_DTYPE, PREC, IDX64, HQ_STOCH)
             rmask = rows < R
             if HQ_ROW:
                 s = _scale(tl.load(hq_amax_ptr + rows, mask=rmask, other=0), HQ_QMAX)
                 if pid_c == 0:
                     tl.store(hq_s_ptr + rows, s, mask=rmask)
-                v = _div(t, s[:, None], RECIP)
+                v = t * _recip(s)[:, None]
             else:
                 s = _scale(tl.load(hq_amax_ptr), HQ_QMAX)
                 if (pid_r == 0) & (pid_c == 0):
                     tl.store(hq_s_ptr, s)
-                v = _div(t, tl.full(t.shape, 1.0, tl.float32) * s, RECIP)
+                v = t * _recip(s)
             off = _idx(rows[:, None], IDX64) * C16 + cols[None, :]
-            q = _round(v, off.to(tl.uint32), hq_key.to(tl.uint32, bitcast=True), HQ_QMAX, HQ_STOCH)
+            q = _round(v, u, HQ_QMAX, HQ_STOCH)
             tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
     if DO_HLA:
         if part == HLA_PART:
@@ -244,20 +287,25 @@ def quant_kernel_v4(
                 s = _scale(tl.load(hla_amax_ptr), HLA_QMAX)
                 if (pid_r == 0) & (pid_c == 0):
                     tl.store(hla_s_ptr, s)
+            r = _recip(s)
             key = hla_key.to(tl.uint32, bitcast=True)
             if HLA_METHOD == "bfly":
                 # Code (block jb, coefficient t) of column c sits at c * LR + jb * RANK + t.
                 z = _hla_z_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C,
                               IDX64)
                 if HLA_ROW:
-                    v = _div(z, s[None, :, None], RECIP)
+                    v = z * r[None, :, None]
                 else:
-                    v = _div(z, tl.full(z.shape, 1.0, tl.float32) * s, RECIP)
+                    v = z * r
                 jb = pid_r * (BLOCK_R // 16) + tl.arange(0, BLOCK_R // 16)
                 tt = tl.arange(0, RANK)
                 off = (_idx(cols[None, :, None], IDX64) * LR + (jb * RANK)[:, None, None]
                        + tt[None, None, :])
-                q = _round(v, off.to(tl.uint32), key, HLA_QMAX, HLA_STOCH)
+                if HLA_STOCH:
+                    u = _hla_u_v4(cols, jb, LR, key, BLOCK_R // 16, BLOCK_C, RANK, IDX64)
+                else:
+                    u = v
+                q = _round(v, u, HLA_QMAX, HLA_STOCH)
                 tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & cmask[None, :, None])
             else:
                 rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -265,11 +313,15 @@ def quant_kernel_v4(
                             mask=(rows[:, None] < R) & (cols[None, :] < C), other=0.0)
                 z = _hla_z(x.to(DOT_DTYPE), tb_ptr, BLOCK_R, ZR, RP, DOT_DTYPE, PREC)
                 if HLA_ROW:
-                    v = _div(z, s[None, :], RECIP)
+                    v = z * r[None, :]
                 else:
-                    v = _div(z, tl.full(z.shape, 1.0, tl.float32) * s, RECIP)
+                    v = z * r
                 k = tl.arange(0, ZR)
                 keep = k < (NBLK - pid_r * (BLOCK_R // 16)) * RANK
                 off = _idx(cols[None, :], IDX64) * LR + (pid_r * ZR + k)[:, None]
-                q = _round(v, off.to(tl.uint32), key, HLA_QMAX, HLA_STOCH)
+                if HLA_STOCH:
+                    u = _u_at(off, key)  # pairs run down axis 0: per code, as quant_kernel
+                else:
+                    u = v
+                q = _round(v, u, HLA_QMAX, HLA_STOCH)
                 tl.store(hla_q_ptr + off, q, mask=keep[:, None] & cmask[None, :])

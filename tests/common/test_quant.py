@@ -18,9 +18,9 @@ import torch
 from hot.common import quant
 
 STREAMS = ("default", "hash")
-# |E[floor(v+u)] - v| for u on each stream's grid (quant docstring): the default CPU stream's
-# 16-bit midpoints, the hash stream's k / 2^24.
-U_GRID_BIAS = {"default": 2.0**-17, "hash": 2.0**-24}
+# |E[floor(v+u)] - v| for u on each stream's grid (quant docstring): both streams draw u from
+# the 16-bit midpoints (k + 1/2) / 2^16.
+U_GRID_BIAS = {"default": 2.0**-17, "hash": 2.0**-17}
 
 
 def _stream(name):
@@ -52,18 +52,54 @@ def _mix32_spec(x):
     return x
 
 
+def _hash_u_spec(seed, i):
+    # u of index i on the hash stream, from the quant module docstring with Python ints: one
+    # mix32 per pair (i >> 1), its low 16 bits for even i and its high 16 bits for odd i.
+    key = _mix32_spec((seed & 0xFFFFFFFF) ^ 0x9E3779B9)
+    w = _mix32_spec(((i >> 1) & 0xFFFFFFFF) ^ key)
+    k = (w & 0xFFFF) if i % 2 == 0 else (w >> 16)
+    return (k + 0.5) / 2.0**16
+
+
 @pytest.mark.parametrize("seed", [0, 1, 12345, 2**31 - 1])
 def test_hash_uniform_matches_its_documented_formula(seed):
-    shape = (3, 37)
+    shape = (3, 37)  # 111 elements: odd, so the last pair is cut in half
     u = quant.hash_uniform(seed, shape)
-    key = _mix32_spec((seed & 0xFFFFFFFF) ^ 0x9E3779B9)
     flat = u.flatten().tolist()
-    for i in range(len(flat)):
-        assert flat[i] == (_mix32_spec(i ^ key) >> 8) / 2.0**24
+    assert flat == [_hash_u_spec(seed, i) for i in range(len(flat))]
     with quant.hash_rng():
         assert quant.rng_mode() == "hash"
         assert torch.equal(quant.uniform(seed, shape), u)
     assert quant.rng_mode() == "default"
+
+
+def test_hash_stream_pairs_share_one_hash():
+    """Pinned by hand on seed 7: indices 2m and 2m + 1 are the two halves of one mix32 value,
+    and the pair counter is i >> 1 (so 4 and 5 hash m = 2, not 4 or 5)."""
+    key = _mix32_spec(7 ^ 0x9E3779B9)
+    u = quant.hash_uniform(7, (6,)).tolist()
+    for m in range(3):
+        w = _mix32_spec(m ^ key)
+        assert u[2 * m] * 2**16 - 0.5 == w & 0xFFFF
+        assert u[2 * m + 1] * 2**16 - 0.5 == w >> 16
+    # Not the old one-hash-per-index stream: u[1] would be mix32(1 ^ key) >> 8 / 2^24 there.
+    assert u[1] != (_mix32_spec(1 ^ key) >> 8) / 2.0**24
+
+
+@pytest.mark.parametrize("seed", [0, 99])
+def test_hash_stream_halves_are_uniform_and_uncorrelated(seed):
+    """Both streams' u are on the midpoint grid; the hash stream's two halves of one hash must
+    behave like independent draws. n = 2^18 values: each of 16 equal bins of u holds n / 16
+    in expectation with sd sqrt(n p (1 - p)) = 124; 5 sd. The sample correlation of the 2^17
+    (even, odd) pairs has sd 1 / sqrt(2^17) = 0.0028; 5 sd."""
+    n = 1 << 18
+    u = quant.hash_uniform(seed, (n,)).to(torch.float64)
+    k = u * 2**16 - 0.5
+    assert torch.equal(k, k.round()) and k.min() >= 0 and k.max() <= 2**16 - 1
+    counts = torch.bincount((u * 16).floor().long(), minlength=16).to(torch.float64)
+    assert ((counts - n / 16).abs() <= 5 * (n * (1 / 16) * (15 / 16)) ** 0.5).all()
+    c = torch.corrcoef(torch.stack([u[0::2], u[1::2]]))[0, 1].item()
+    assert abs(c) < 5 / (n // 2) ** 0.5
 
 
 def _derive_seed_spec(*parts):
@@ -289,6 +325,159 @@ def test_quantize_equals_round_to_levels_of_the_scaled_input(stream, mode):
     x[9, 1] = float("-inf")
     with _stream(stream):
         q, s = quant.quantize(x, 4, mode, True, seed=21)
-        ref = quant.round_to_levels(x / quant.absmax_scale(x, 4, mode), 4, True, seed=21)
+        r = quant.reciprocal(quant.absmax_scale(x, 4, mode))
+        ref = quant.round_to_levels(x * r, 4, True, seed=21)
     assert torch.equal(q, ref)
     assert torch.equal(s.isnan(), quant.absmax_scale(x, 4, mode).isnan())
+
+
+# --- the reciprocal and the order of the roundings (the spec that the kernels reproduce) -------
+
+def test_reciprocal_is_correctly_rounded_and_flushes_on_overflow():
+    # float64 1/s rounded to float32 is the correctly rounded float32 reciprocal (double
+    # rounding is innocuous for division when 53 >= 2 * 24 + 2).
+    g = torch.Generator().manual_seed(0)
+    s = torch.cat([torch.rand(100_000, generator=g) * 10 + 1e-3,
+                   torch.tensor([1.0, 3.0, 2.0**-127, 3e38, 1e-38])])
+    want = (1 / s.to(torch.float64)).to(torch.float32)
+    assert torch.equal(quant.reciprocal(s), want)
+    # 1 / s overflows for s < 2^-128: r = 0 (flush); Inf -> 0, NaN -> NaN.
+    r = quant.reciprocal(torch.tensor([2.0**-128, 2.0**-140, float("inf"), float("nan")]))
+    assert r[:3].tolist() == [0.0, 0.0, 0.0] and math.isnan(r[3].item())
+
+
+def _f32(a):
+    return float(np.float32(a))
+
+
+def _x_with_product_near(target, r, side, span=4096):
+    """A float32 x with fl32(x * r) == target while the exact product x * r lies strictly on
+    ``side`` (-1 below, +1 above) of target. The product of two float32 has at most 48
+    significant bits, so float(x) * float(r) in float64 is exact; x steps by ulps away from
+    fl32(target / r) in both directions until one fits (about every other step does)."""
+    up = dn = np.float32(target / r)
+    for _ in range(span):
+        for x in (up, dn):
+            exact = float(x) * float(r)
+            if float(np.float32(exact)) == target and (exact - target) * side > 0:
+                return float(x)
+        up, dn = np.nextafter(up, np.float32(np.inf)), np.nextafter(dn, np.float32(-np.inf))
+    raise AssertionError(f"no float32 x found for target {target}")
+
+
+# A 4-bit tensor-mode group whose amax is 21 has scale 3 and r = fl32(1/3), an inexact
+# reciprocal, so products x * r carry bits below float32's precision.
+_AMAX, _R = 21.0, float(np.float32(1.0) / np.float32(3.0))
+
+
+def test_stochastic_rounding_adds_u_to_the_rounded_product():
+    """The spec rounds v = fl32(x * r) before adding u; an FMA fl32(x * r + u) is a different
+    function. Built case: x with fl32(x * r) == -u exactly but x * r = -u - d, 0 < d < half an
+    ulp of u. Separately rounded: -u + u = 0, floor 0. Fused: fl32(-d) < 0, floor -1. So the
+    reference must give 0 there, and a kernel that contracted t * r + u would give -1 (the
+    kernel test tests/fast/test_quant_interp.py::test_epilogue_is_not_contracted uses this)."""
+    seed, i = 4, 1
+    with quant.hash_rng():
+        u = quant.uniform(seed, (1, 2))[0, i].item()
+    x = _x_with_product_near(-u, _R, -1)
+    exact = x * _R
+    assert math.floor(float(np.float32(exact + u))) == -1  # what an FMA would give
+    assert math.floor(float(np.float32(np.float32(exact) + np.float32(u)))) == 0
+    t = torch.tensor([[_AMAX, x]])
+    with quant.hash_rng():
+        q, s = quant.quantize(t, 4, "tensor", True, seed)
+    assert s.item() == 3.0 and q[0, 0].item() == 7
+    assert q[0, i].item() == 0
+
+
+def _x_with_product_near_any(target, side):
+    """(x, amax) as _x_with_product_near over a few 4-bit tensor-mode groups (amax = 7 * d,
+    scale d, r = fl32(1/d) inexact for each d): for one r the exact products near a target are
+    spaced by a fixed step, so some (target, side) have no such x; another d has one."""
+    for d in (3, 5, 7, 11, 13):
+        r = float(np.float32(1.0) / np.float32(d))
+        try:
+            return _x_with_product_near(target, r, side, span=512), 7.0 * d
+        except AssertionError:
+            continue
+    return None
+
+
+def test_nearest_rounding_rounds_the_product_first():
+    """Half-even on fl32(x * r): for each half-way point h, x with fl32(x * r) == h but the exact
+    product on the side of h away from its even neighbour; the spec rounds the tie to even, an
+    FMA of v - floor(v) would see d != 1/2 and round to the other neighbour."""
+    found = 0
+    for h in (0.5, 1.5, 2.5, 3.5, -0.5, -1.5, -2.5, -3.5):
+        even = h + 0.5 if (h + 0.5) % 2 == 0 else h - 0.5
+        side = -1 if even > h else 1  # the exact product lies away from the even neighbour
+        hit = _x_with_product_near_any(h, side)
+        if hit is None:
+            continue
+        x, amax = hit
+        q, s = quant.quantize(torch.tensor([[amax, x]]), 4, "tensor", False, 0)
+        assert s.item() == amax / 7 and q[0, 1].item() == even, (h, x, amax)
+        found += 1
+    assert found >= 4, found
+
+
+def test_quantize_multiplies_by_the_reciprocal_not_divides():
+    """Codes follow fl32(x * fl32(1/scale)), not fl32(x / scale): near half-way points h * d (d
+    the scale) find x where the two give different nearest codes, and check the reference takes
+    the product."""
+    found = 0
+    for d in (3, 5, 7, 11):
+        r32 = np.float32(1.0) / np.float32(d)
+        for h in (0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5):
+            for direction in (np.inf, -np.inf):
+                x = np.float32(h * d)
+                for _ in range(32):
+                    x = np.nextafter(x, np.float32(direction))
+                    by_mul, by_div = np.float32(x * r32), np.float32(x / np.float32(d))
+                    if np.round(by_mul) != np.round(by_div):
+                        q, _ = quant.quantize(torch.tensor([[7.0 * d, float(x)]]), 4, "tensor",
+                                              False, 0)
+                        assert q[0, 1].item() == int(np.round(by_mul))
+                        found += 1
+    assert found >= 1
+
+
+def test_tiny_groups_flush_to_zero_codes_and_keep_their_scale():
+    # amax 2^-126 (4 bits): scale 2^-126 / 7 < 2^-128, so 1 / scale overflows: codes 0, scale
+    # kept. amax 2^-122: r finite, ordinary codes.
+    x = torch.tensor([[2.0**-126, -2.0**-127, 0.0], [2.0**-122, -2.0**-123, 0.0]])
+    for stochastic in (False, True):
+        q, s = quant.quantize(x, 4, "row", stochastic, 3)
+        assert torch.equal(s, (x.abs().amax(1, keepdim=True) / 7))
+        assert q[0].tolist() == [0, 0, 0]
+        assert q[1, 0].item() == 7 and q[1, 1].item() in (-3, -4)
+
+
+@given(st.floats(-7, 7, width=32), st.integers(0, 2**31 - 1), st.sampled_from(STREAMS))
+def test_stochastic_rounding_mean_is_v(v, seed, stream):
+    """n = 4096 draws of one value v: q = floor(v) + B with B Bernoulli(p), p the grid's
+    P(round up) = round(2^16 f) / 2^16 (|p - f| <= 2^-17, f = frac(v)). The mean has sd
+    sqrt(p (1 - p) / n); allow 5 sd plus the grid bias. (Fixed seeds: derandomized profile.)"""
+    n = 4096
+    with _stream(stream):
+        q = quant.round_to_levels(torch.full((n,), v), 4, True, seed).to(torch.float64)
+    f = v - math.floor(v)
+    p = round(2**16 * f) / 2**16
+    assert ((q == math.floor(v)) | (q == math.floor(v) + 1)).all() or f == 0
+    bound = 5 * math.sqrt(p * (1 - p) / n) + 2.0**-17
+    assert abs(q.mean().item() - v) <= bound
+
+
+@pytest.mark.parametrize("f", [0.0, 0.25, 1 / 3, 0.5 + 2**-18, 1 - 2**-17, 3 * 2**-17])
+def test_hash_stream_rounds_up_exactly_where_its_threshold_says(f):
+    """The exact bias of the hash stream: floor(v + u) rounds up iff k >= 2^16 - round(2^16 f)
+    for u = (k + 1/2) / 2^16, with k computed here from the formula, so over the uniform k the
+    probability of rounding up is round(2^16 f) / 2^16 exactly, the 2^-17 bias bound."""
+    n, seed = 2048, 17
+    v = _f32(5.0 + f)
+    fv = v - 5.0
+    with quant.hash_rng():
+        q = quant.round_to_levels(torch.full((n,), v), 8, True, seed)
+    ks = [round(_hash_u_spec(seed, i) * 2**16 - 0.5) for i in range(n)]
+    threshold = 2**16 - math.floor(2**16 * fv + 0.5)
+    assert q.tolist() == [6 if k >= threshold else 5 for k in ks]

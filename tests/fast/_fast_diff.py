@@ -3,8 +3,8 @@
 The two backends compute the 16-point transforms in float32 with different summation orders,
 so a transformed value t can differ by a few ulp. Bound (per element): |dt| <= 16 eps sum|x_i h_i|
 <= 16 eps * 16 * max|x| / 4, and max|x| over a block <= 4 * amax(t) (orthonormal transform), so
-|dt| <= 256 eps amax(t); in code units (v = t / scale, scale = amax / qmax) |dv| <= 256 eps qmax
-(+1 ulp from the scale). A code may therefore differ only where the rounding argument lies within
+|dt| <= 256 eps amax(t); in code units (v = t * r, r = 1 / scale, scale = amax / qmax)
+|dv| <= 256 eps qmax (+1 ulp each from the scale and its reciprocal). A code may therefore differ only where the rounding argument lies within
 TOL = 260 * eps * qmax of a rounding boundary (an integer for floor(v + u), k + 1/2 for nearest),
 and then by exactly 1.
 """
@@ -35,7 +35,7 @@ def check_codes(q_fast, s_fast, q_ref, s_ref, t_ref, bits, stochastic, seed, max
     bad = d != 0
     n = int(bad.sum())
     if n:
-        v = (t_ref.cpu().float() / s_ref.cpu())
+        v = t_ref.cpu().float() * quant.reciprocal(s_ref.cpu())
         if stochastic:
             w = v + quant.hash_uniform(seed, tuple(v.shape))
             dist = (w - torch.round(w)).abs()
@@ -49,3 +49,24 @@ def check_codes(q_fast, s_fast, q_ref, s_ref, t_ref, bits, stochastic, seed, max
     return n
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def x_with_product_near(target, side, divisors=(3, 5, 7, 11, 13), span=512):
+    """(x, d): float32 x and an integer d (a 4-bit group of amax 7 d has scale d and the inexact
+    reciprocal r = fl32(1/d)) with fl32(x * r) == target while the exact product x * r lies
+    strictly on ``side`` (-1 below, +1 above) of target; None if no d in ``divisors`` has one.
+    The product of two float32 has at most 48 significant bits, so float(x) * float(r) in
+    float64 is exact; x steps by ulps away from fl32(target / r) (tests/common/test_quant.py
+    builds the same cases for the reference)."""
+    import numpy as np
+
+    for d in divisors:
+        r = float(np.float32(1.0) / np.float32(d))
+        up = dn = np.float32(target / r)
+        for _ in range(span):
+            for x in (up, dn):
+                exact = float(x) * r
+                if float(np.float32(exact)) == target and (exact - target) * side > 0:
+                    return float(x), d
+            up, dn = np.nextafter(up, np.float32(np.inf)), np.nextafter(dn, np.float32(-np.inf))
+    return None

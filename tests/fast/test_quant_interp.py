@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 
 from hot.common import quant
 from hot.common.walsh import hadamard16
+from hot.fast import arch
 from hot.fast import quant as fq
 from hot.reference import ops as ref
 
-from _fast_diff import DEVICE, EPS32, check_codes
+from _fast_diff import DEVICE, EPS32, check_codes, x_with_product_near
 
 shapes = st.tuples(st.integers(1, 70), st.integers(1, 70))
 bits_s = st.sampled_from([4, 8])
@@ -208,3 +209,91 @@ def test_launch_key_indexes_name_the_varying_arguments(variant, monkeypatch):
         assert quant_args[fq._HLA_KEY_ARG] == fq._key(22)
     finally:
         fq._pass_plan.cache_clear()
+
+
+def _exact_case(x_c, d, seed, stochastic):
+    """Inputs whose transforms every variant computes exactly (one nonzero per block of 16, the
+    matrices' entries +-1/4): HQ row 0 = x_c at columns 0-15 and 7 d at 16-31 (scale d); HLA
+    column 0 = x_c at coefficients (block 0) and 7 d (block 1) for every kept t (the first
+    column of every Walsh row is +1/4). Returns (fast outputs, reference outputs) per variant."""
+    x = torch.zeros(32, 32)
+    x[0, 0], x[0, 16] = 4 * x_c, 4 * 7.0 * d
+    x[16, 0] = 4 * 7.0 * d
+    x = x.to(DEVICE)
+    hq, hla = (4, "row", stochastic, seed), (4, "lowpass", 4, "row", stochastic, seed)
+    with quant.hash_rng():
+        want = (*ref.hq_quantize(x, *hq), *ref.hla_quantize(x, *hla))
+    assert torch.equal(ref.hq_transform(x)[0, :16].cpu(), torch.full((16,), x_c))
+    assert torch.equal(ref.hla_transform(x, 4, "lowpass")[0, :4].cpu(), torch.full((4,), x_c))
+    assert want[1][0].item() == d and want[3][0].item() == d
+    return want, {v: _run_variant(v, x, hq, hla) for v in arch.QKERNELS}
+
+
+def _run_variant(variant, x, hq, hla):
+    old = fq.QKERNEL_VARIANT
+    fq.QKERNEL_VARIANT = variant
+    fq._pass_plan.cache_clear()
+    try:
+        return fq.gy_pass(x, hq, hla)
+    finally:
+        fq.QKERNEL_VARIANT = old
+        fq._pass_plan.cache_clear()
+
+
+def test_epilogue_is_not_contracted_stochastic():
+    """The kernels must round t * r before adding u (compiled with enable_fp_fusion=False). Case
+    built as in tests/common/test_quant.py: t = x_c with fl32(x_c * r) == -u exactly at code
+    index 1 (HQ row 0 col 1 and HLA column 0 coefficient 1: the same index and seed, so the same
+    u) while the exact product is below -u by less than half an ulp: the spec's code there is
+    0, an FMA's -1. Every code of this input is exact in every variant, so no flip is allowed."""
+    import numpy as np
+
+    seed = 4
+    u = quant.hash_uniform(seed, (1, 2))[0, 1].item()
+    hit = x_with_product_near(-u, -1)
+    assert hit is not None
+    x_c, d = hit
+    r = float(np.float32(1.0) / np.float32(d))
+    assert np.floor(np.float32(x_c * r + u)) == -1  # what a contracted t * r + u gives
+    want, got = _exact_case(x_c, d, seed, True)
+    assert want[0][0, 1].item() == 0 and want[2][0, 1].item() == 0
+    for variant, out in got.items():
+        for a, b in zip(out, want):
+            assert torch.equal(a.cpu(), b.cpu()), variant
+
+
+def test_epilogue_is_not_contracted_nearest():
+    """Half-even on fl32(t * r): t * r rounds onto 2.5 (a tie, to 2) while the exact product is
+    above it (7.5 * fl32(1/3)), so v - floor(v) contracted into an FMA would give d > 1/2 and
+    code 3."""
+    hit = x_with_product_near(2.5, 1)
+    assert hit is not None
+    x_c, d = hit
+    want, got = _exact_case(x_c, d, 0, False)
+    assert (want[0][0, :16] == 2).all() and (want[2][0, :4] == 2).all()
+    for variant, out in got.items():
+        for a, b in zip(out, want):
+            assert torch.equal(a.cpu(), b.cpu()), variant
+
+
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_tiny_groups_flush_like_the_reference(stochastic):
+    # HQ row 0 and HLA column 0: amax 2^-126, 4-bit scale 2^-126 / 7 < 2^-128, so 1 / scale
+    # overflows: codes 0, scale kept (quant.reciprocal). HQ row 1 and HLA column 1: amax
+    # 2^-120, ordinary codes +-7. (A single nonzero per block: exact transforms, t = +-x / 4.)
+    x = torch.zeros(32, 32)
+    x[0, 0] = x[16, 0] = 2.0**-124
+    x[1, 16] = x[17, 1] = 2.0**-118
+    x = x.to(DEVICE)
+    hq, hla = (4, "row", stochastic, 5), (4, "lowpass", 4, "row", stochastic, 6)
+    with quant.hash_rng():
+        want = (*ref.hq_quantize(x, *hq), *ref.hla_quantize(x, *hla))
+    tiny_scale = (torch.tensor(2.0**-126) / 7).item()  # float32 division, a subnormal
+    assert (want[0][0] == 0).all() and want[1][0].item() == tiny_scale
+    assert (want[0][1, 16:] == 7).all()
+    assert (want[2][0] == 0).all() and want[3][0].item() == tiny_scale
+    assert (want[2][1, 4:8].abs() == 7).all()
+    for variant in arch.QKERNELS:
+        out = _run_variant(variant, x, hq, hla)
+        for a, b in zip(out, want):
+            assert torch.equal(a.cpu(), b.cpu()), variant

@@ -25,7 +25,8 @@ VARIANTS = [v for v in arch.QKERNELS if v != "dot"]
 # (shape, dtype, transposed view, hq (bits, mode, stoch, seed) or None,
 #  hla (rank, selection, bits, mode, stoch, seed) or None). Shapes are not multiples of the
 # 64-row tile nor of 16; together they cover fp32/bf16/fp16, 'row' and 'tensor' scales, HQ only,
-# HLA only and fused, ranks 1-16, both selections, nearest and stochastic rounding.
+# HLA only and fused, ranks 1-16 (1 both nearest and stochastic), both selections, nearest and
+# stochastic rounding.
 CASES = [
     ((50, 70), torch.float32, False, (4, "row", True, 11), (8, "lowpass", 8, "row", True, 12)),
     ((37, 21), torch.bfloat16, False, (8, "tensor", False, 3), (16, "lp_l1", 8, "tensor", True, 4)),
@@ -33,6 +34,8 @@ CASES = [
     ((19, 48), torch.float32, False, None, (2, "lp_l1", 8, "tensor", True, 6)),
     ((66, 40), torch.bfloat16, False, (4, "row", True, 7), (4, "lowpass", 8, "row", True, 8)),
     ((40, 24), torch.float32, True, (4, "row", True, 9), None),  # W^T as a transposed view
+    # Rank 1 stochastic: no pair within a block, the kernels hash per code (quant_kernels._u_at).
+    ((45, 26), torch.float32, False, None, (1, "lowpass", 8, "row", True, 13)),
 ]
 
 

@@ -99,9 +99,10 @@ def test_quantize_ops_use_the_hash_stream_when_asked():
     a, _ = ops.hq_quantize(x, 4, "row", True, 5, "reference")
     with quant.hash_rng():
         b, s = ops.hq_quantize(x, 4, "row", True, 5, "reference")
-    t = ref.hq_transform(x) / s
-    u = quant.hash_uniform(5, tuple(t.shape))
-    want = torch.clamp(torch.floor(t + u), -7, 7).to(torch.int8)
+    # v = t * (1 / s), then v + u and the floor: each a separate float32 operation.
+    v = ref.hq_transform(x) * (1 / s)
+    u = quant.hash_uniform(5, tuple(v.shape))
+    want = torch.clamp(torch.floor(v + u), -7, 7).to(torch.int8)
     assert torch.equal(b, want)
     assert not torch.equal(a, b)
 
