@@ -101,12 +101,11 @@ def _split16(x, P: tl.constexpr):
 
 
 @triton.jit
-def _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, C16, key, BLOCK_R: tl.constexpr,
+def _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, BLOCK_R: tl.constexpr,
              BLOCK_C: tl.constexpr, HQ_METHOD: tl.constexpr, DOT_DTYPE: tl.constexpr,
-             PREC: tl.constexpr, IDX64: tl.constexpr, STOCH: tl.constexpr):
+             PREC: tl.constexpr, IDX64: tl.constexpr):
     """t (BLOCK_R, BLOCK_C) float32 = the tile (zero past R / C) times blockdiag(H16), in the
-    row-major order of the tile, by HQ_METHOD; u (same shape) of the hash stream for the codes
-    at row * C16 + col when STOCH (key: the uint32 seed key; else u is t, unused); rows, cols."""
+    row-major order of the tile, by HQ_METHOD; plus its rows and cols."""
     NB: tl.constexpr = BLOCK_C // 16
     P: tl.constexpr = BLOCK_R * NB
     rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -121,12 +120,6 @@ def _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, C16, key, BLOCK_R: tl.c
                        .to(tl.float32),)
         ys = _fwht16(xs)
         t = tl.reshape(_join_last(ys, 16), (BLOCK_R, BLOCK_C)) * 0.25
-        if STOCH:
-            # Slab i holds column 16 j + i: slabs 2p, 2p + 1 are one pair (one hash).
-            pair0 = ((_idx(rows[:, None], IDX64) * C16 + jb[None, :]) >> 1).to(tl.uint32)
-            u = tl.reshape(_join_last(_u_pairs_last(pair0, key, 16), 16), (BLOCK_R, BLOCK_C))
-        else:
-            u = t
     else:
         # (P, 16) view of the tile: row m = r * NB + j, column i -> x[r, 16 j + i].
         m = tl.arange(0, P)
@@ -140,21 +133,37 @@ def _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, C16, key, BLOCK_R: tl.c
             t = tl.dot(xp.to(DOT_DTYPE), h.to(DOT_DTYPE), input_precision=PREC,
                        out_dtype=tl.float32)
             t = tl.reshape(t, (BLOCK_R, BLOCK_C))
-            if STOCH:
-                u = _hq_u_tile(rows, pid_c, C16, key, BLOCK_R, BLOCK_C, IDX64)
-            else:
-                u = t
         else:
             ys = _fwht16(_split16(xp.to(tl.float32), P))
             t = tl.reshape(_join_last(ys, 16), (BLOCK_R, BLOCK_C)) * 0.25
-            if STOCH:
-                # As "bfly", on the (P,) slabs: block (r, j) starts at code r * C16 + 16 j.
-                c0 = pid_c * BLOCK_C + (m % NB) * 16
-                pair0 = ((_idx(r, IDX64) * C16 + c0) >> 1).to(tl.uint32)
-                u = tl.reshape(_join_last(_u_pairs_last(pair0, key, 16), 16), (BLOCK_R, BLOCK_C))
-            else:
-                u = t
-    return t, u, rows, cols
+    return t, rows, cols
+
+
+@triton.jit
+def _hq_u_v4(pid_r, pid_c, C16, key, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+             HQ_METHOD: tl.constexpr, IDX64: tl.constexpr):
+    """u (BLOCK_R, BLOCK_C) of the hash stream for the HQ codes of the tile (code (row, col) at
+    row * C16 + col), joined in the same shape and order as _hq_t_v4 joins t: on the 16 slabs
+    of the butterfly paths (slab i = column 16 j + i, so slabs 2p, 2p + 1 are one pair and take
+    one hash), on column pairs of the tile for k16. Called after v is formed, so the u are not
+    held in registers through the transform (ptxas keeps program order for independent work)."""
+    NB: tl.constexpr = BLOCK_C // 16
+    P: tl.constexpr = BLOCK_R * NB
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    if HQ_METHOD == "bfly":
+        jb = pid_c * BLOCK_C + 16 * tl.arange(0, NB)
+        pair0 = ((_idx(rows[:, None], IDX64) * C16 + jb[None, :]) >> 1).to(tl.uint32)
+        u = tl.reshape(_join_last(_u_pairs_last(pair0, key, 16), 16), (BLOCK_R, BLOCK_C))
+    elif HQ_METHOD == "k16":
+        u = _hq_u_tile(rows, pid_c, C16, key, BLOCK_R, BLOCK_C, IDX64)
+    else:
+        # bflyv's (P,) slabs: m = r * NB + j, block (r, j) starts at code r * C16 + 16 j.
+        m = tl.arange(0, P)
+        r = pid_r * BLOCK_R + m // NB
+        c0 = pid_c * BLOCK_C + (m % NB) * 16
+        pair0 = ((_idx(r, IDX64) * C16 + c0) >> 1).to(tl.uint32)
+        u = tl.reshape(_join_last(_u_pairs_last(pair0, key, 16), 16), (BLOCK_R, BLOCK_C))
+    return u
 
 
 @triton.jit
@@ -196,8 +205,8 @@ def stats_kernel_v4(
     part = tl.program_id(2)
     if DO_HQ:
         if part == 0:
-            t, _, rows, cols = _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, hb_ptr, 0, 0,
-                                        BLOCK_R, BLOCK_C, HQ_METHOD, DOT_DTYPE, PREC, IDX64, False)
+            t, rows, cols = _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, hb_ptr, BLOCK_R,
+                                     BLOCK_C, HQ_METHOD, DOT_DTYPE, PREC, IDX64)
             a = tl.max(_abs_bits(t), axis=1)
             if HQ_ROW:
                 tl.atomic_max(hq_amax_ptr + rows, _tagged(a, epoch), mask=rows < R, sem="relaxed")
@@ -258,9 +267,8 @@ def quant_kernel_v4(
     part = tl.program_id(2)
     if DO_HQ:
         if part == 0:
-            t, u, rows, cols = _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, hb_ptr, C16,
-                                        hq_key.to(tl.uint32, bitcast=True), BLOCK_R, BLOCK_C,
-                                        HQ_METHOD, DOT_DTYPE, PREC, IDX64, HQ_STOCH)
+            t, rows, cols = _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, hb_ptr, BLOCK_R,
+                                     BLOCK_C, HQ_METHOD, DOT_DTYPE, PREC, IDX64)
             rmask = rows < R
             if HQ_ROW:
                 s = _scale(tl.load(hq_amax_ptr + rows, mask=rmask, other=0), HQ_QMAX)
@@ -272,6 +280,11 @@ def quant_kernel_v4(
                 if (pid_r == 0) & (pid_c == 0):
                     tl.store(hq_s_ptr, s)
                 v = t * _recip(s)
+            if HQ_STOCH:
+                u = _hq_u_v4(pid_r, pid_c, C16, hq_key.to(tl.uint32, bitcast=True), BLOCK_R,
+                             BLOCK_C, HQ_METHOD, IDX64)
+            else:
+                u = v  # unused by nearest rounding
             off = _idx(rows[:, None], IDX64) * C16 + cols[None, :]
             q = _round(v, u, HQ_QMAX, HQ_STOCH)
             tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
