@@ -1,6 +1,8 @@
 // Python binding of the hot CUDA kernels (module hot.fast._C). This is the only translation unit
 // that includes torch: it checks every input, pads awkward shapes, chunks long K, allocates the
-// outputs and hands raw pointers to the kernels in the .cu files.
+// outputs and hands raw pointers to the kernels in the .cu files. It also launches the Triton
+// quantizer kernels that hot/fast/native.py registers (csrc/triton_launch.h), so that a layer
+// backward is one call from Python.
 //
 // Error convention: no C++ exception leaves this module. On the H200 machine (torch 2.11, JIT
 // build) every exception thrown out of a binding function crashed the interpreter with SIGSEGV
@@ -26,6 +28,7 @@
 
 #include "cutlass/version.h"
 #include "hot_kernels.h"
+#include "triton_launch.h"
 
 #define HOT_STR2(x) #x
 #define HOT_STR(x) HOT_STR2(x)
@@ -92,23 +95,34 @@ std::string runtime_error(const Args&... args) { return cat("RuntimeError: ", ar
 #define HOT_PROPAGATE(expr) \
   do { std::string hot_err_ = (expr); if (!hot_err_.empty()) return fail(std::move(hot_err_)); } while (0)
 
-// Runs `body` (returning Result) and turns anything it throws into an error string: torch calls
-// inside (allocation, copies, .item()) may throw, and catching here, inside the same shared
-// object, keeps the exception from crossing the module boundary. c10::Error's
+// Runs `body` (returning an error string, empty on success) and turns anything it throws into an
+// error string as well: torch calls inside (allocation, copies, .item()) may throw, and catching
+// here, inside the same shared object, keeps the exception from crossing the module boundary. c10::Error's
 // what_without_backtrace() drops the C++ stack trace torch appends to what().
 template <typename F>
-Result guarded(const char* fn, F&& body) {
+std::string catching(const char* fn, F&& body) {
   try {
     return body();
   } catch (const c10::OutOfMemoryError& e) {
-    return fail(cat("OutOfMemoryError: hot.fast._C.", fn, ": ", e.what_without_backtrace()));
+    return cat("OutOfMemoryError: hot.fast._C.", fn, ": ", e.what_without_backtrace());
   } catch (const c10::Error& e) {
-    return fail(runtime_error("hot.fast._C.", fn, ": ", e.what_without_backtrace()));
+    return runtime_error("hot.fast._C.", fn, ": ", e.what_without_backtrace());
   } catch (const std::exception& e) {
-    return fail(runtime_error("hot.fast._C.", fn, ": ", e.what()));
+    return runtime_error("hot.fast._C.", fn, ": ", e.what());
   } catch (...) {
-    return fail(runtime_error("hot.fast._C.", fn, ": unknown C++ exception"));
+    return runtime_error("hot.fast._C.", fn, ": unknown C++ exception");
   }
+}
+
+// catching() for a body that returns a Result.
+template <typename F>
+Result guarded(const char* fn, F&& body) {
+  Result r;
+  std::string err = catching(fn, [&] {
+    r = body();
+    return std::string();
+  });
+  return err.empty() ? r : fail(std::move(err));
 }
 
 enum class Kind { kS8Sm90, kS8Sm80, kS4Sm80 };
@@ -422,6 +436,121 @@ Result unpack_int4(torch::Tensor packed, int64_t k) {
   return guarded("unpack_int4", [&] { return unpack_int4_impl(packed, k); });
 }
 
+// ---- Native launches of the Triton quantizer kernels (csrc/triton_launch.h, hot/fast/native.py).
+
+std::tuple<int64_t, std::string> register_triton(int64_t function, int64_t block, int64_t shared,
+                                                 std::string kinds) {
+  int64_t id = -1;
+  std::string err = catching("register_triton", [&] {
+    std::string e = hot::triton_launch::register_fn(uint64_t(function), unsigned(block), unsigned(shared), kinds, &id);
+    return e.empty() ? e : runtime_error("hot.fast._C.register_triton: ", e);
+  });
+  return {id, err};
+}
+
+// A quantizer pass plan from hot/fast/native.py (the fixed part of hot.fast.quant.pass_args):
+enum PassField {
+  kStatsId, kQuantId, kGrid0, kGrid1, kGrid2, kR, kC, kC16, kLR, kNBlk, kNh, kNl, kHqSPad, kHlaSPad,
+  kDoHq, kDoHla, kPassFields
+};
+
+struct PassOut { torch::Tensor hq_q, hq_s, hla_q, hla_s; };
+
+int64_t addr(const torch::Tensor& t) { return int64_t(reinterpret_cast<uintptr_t>(t.data_ptr())); }
+
+// One g_y pass (stats kernel, then quantize kernel) over x: the outputs and arguments of
+// hot.fast.quant.pass_args / gy_pass, in the same order (that function's docstring is the
+// contract; tests/fast/test_native_gpu.py checks both paths give the same codes and scales).
+std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, const torch::Tensor& h16,
+                     const torch::Tensor& t, const torch::Tensor& amax, int64_t epoch, int64_t hq_key,
+                     int64_t hla_key, PassOut* out) {
+  const std::string where = "hot.fast._C.quant_pass: ";
+  HOT_REQUIRE(p.size() == kPassFields, where, "the plan has ", int64_t(p.size()), " fields, expected ",
+              int64_t(kPassFields));
+  HOT_REQUIRE(x.is_cuda() && x.dim() == 2 && x.size(0) == p[kR] && x.size(1) == p[kC], where,
+              "x must be a 2-D CUDA tensor of the plan's shape (", p[kR], ", ", p[kC], "), got ", x.sizes(),
+              " on ", x.device());
+  HOT_REQUIRE(amax.is_cuda() && amax.scalar_type() == torch::kInt64 && amax.numel() >= p[kNh] + p[kNl] + 1 &&
+                  amax.device() == x.device(), where, "the absmax workspace must be an int64 tensor of >= ",
+              p[kNh] + p[kNl] + 1, " entries on ", x.device());
+  HOT_REQUIRE(h16.device() == x.device() && t.device() == x.device(), where, "the transform matrices must be on ",
+              x.device());
+  const auto dev = x.device();
+  auto i8 = x.options().dtype(torch::kInt8);
+  auto f32 = x.options().dtype(torch::kFloat32);
+  // Scales padded to SCALE_PAD floats (hot.fast.quant): the GEMMs read them in place.
+  if (p[kDoHq]) {
+    out->hq_q = torch::empty({p[kR], p[kC16]}, i8);
+    out->hq_s = torch::empty({p[kHqSPad]}, f32).as_strided({p[kNh], 1}, {1, 1});
+  }
+  if (p[kDoHla]) {
+    out->hla_q = torch::empty({p[kC], p[kLR]}, i8);
+    out->hla_s = torch::empty({p[kHlaSPad]}, f32).as_strided({p[kNl], 1}, {1, 1});
+  }
+  using hot::triton_launch::Arg;
+  const int64_t ws = addr(amax);
+  const int64_t ws_l = p[kNh] ? ws + p[kNh] * int64_t(sizeof(int64_t)) : ws;
+  std::vector<Arg> base = {{addr(x)}, {x.stride(0)}, {x.stride(1)}, {p[kR]}, {p[kC]}, {addr(h16)}, {addr(t)},
+                           {ws}, {ws_l}};
+  std::vector<Arg> stats = base;
+  stats.push_back({epoch});
+  std::vector<Arg> quant = base;
+  const std::vector<Arg> tail = {
+      {p[kDoHq] ? addr(out->hq_q) : ws}, {p[kDoHq] ? addr(out->hq_s) : ws}, {p[kC16]}, {hq_key},
+      {p[kDoHla] ? addr(out->hla_q) : ws}, {p[kDoHla] ? addr(out->hla_s) : ws}, {p[kLR]}, {p[kNBlk]}, {hla_key}};
+  quant.insert(quant.end(), tail.begin(), tail.end());
+  const unsigned grid[3] = {unsigned(p[kGrid0]), unsigned(p[kGrid1]), unsigned(p[kGrid2])};
+  c10::cuda::CUDAGuard guard(dev);
+  CUstream stream = reinterpret_cast<CUstream>(c10::cuda::getCurrentCUDAStream(dev.index()).stream());
+  std::string e = hot::triton_launch::launch(p[kStatsId], grid, stats, stream);
+  if (e.empty()) e = hot::triton_launch::launch(p[kQuantId], grid, quant, stream);
+  return e.empty() ? e : runtime_error(where, e);
+}
+
+using Tensors = std::tuple<std::vector<torch::Tensor>, std::string>;
+
+Tensors quant_pass(std::vector<int64_t> plan, torch::Tensor x, torch::Tensor h16, torch::Tensor t,
+                   torch::Tensor amax, int64_t epoch, int64_t hq_key, int64_t hla_key) {
+  PassOut o;
+  std::string err = catching("quant_pass", [&] { return run_pass(plan, x, h16, t, amax, epoch, hq_key, hla_key, &o); });
+  if (!err.empty()) return Tensors(std::vector<torch::Tensor>(), err);
+  return {{o.hq_q, o.hq_s, o.hla_q, o.hla_s}, std::string()};
+}
+
+// The HOT backward of one layer in one call (hot.common.ops, fused_backward):
+//   g_y pass over gy -> (q_gy, s_gy) for HQ and (q_hla, s_hla) for HLA; HQ pass over W^T -> (q_w, s_w);
+//   g_x = int_gemm_nt(q_gy, q_w, s_gy, s_w), g_W = int_gemm_nt(q_hla, q_x, s_hla, s_x).
+// gemm_kind: 0 = gemm_s8s8_sm90, 1 = gemm_s8s8_sm80 (what hot.fast.gemm.gemm_path picks for these
+// operands; the caller decided).
+Tensors layer_backward(std::vector<int64_t> gplan, std::vector<int64_t> wplan, torch::Tensor gy, torch::Tensor wt,
+                       torch::Tensor qx, torch::Tensor sx, torch::Tensor h16, torch::Tensor tg, torch::Tensor tw,
+                       torch::Tensor amax_g, int64_t epoch_g, torch::Tensor amax_w, int64_t epoch_w,
+                       int64_t key_gy, int64_t key_hla, int64_t key_w, int64_t gemm_kind, std::string gx_dtype,
+                       std::string gw_dtype) {
+  torch::Tensor gx, gw;
+  std::string err = catching("layer_backward", [&] {
+    HOT_REQUIRE(gemm_kind == 0 || gemm_kind == 1, "hot.fast._C.layer_backward: gemm_kind must be 0 or 1, got ",
+                gemm_kind);
+    HOT_REQUIRE(gplan.size() == kPassFields && gplan[kDoHq] && gplan[kDoHla] && wplan.size() == kPassFields &&
+                    wplan[kDoHq] && !wplan[kDoHla], "hot.fast._C.layer_backward: the g_y plan must do HQ and HLA, "
+                    "the W plan HQ only");
+    PassOut g, w;
+    std::string e = run_pass(gplan, gy, h16, tg, amax_g, epoch_g, key_gy, key_hla, &g);
+    if (e.empty()) e = run_pass(wplan, wt, h16, tw, amax_w, epoch_w, key_w, 0, &w);
+    if (!e.empty()) return e;
+    const Kind kind = gemm_kind == 0 ? Kind::kS8Sm90 : Kind::kS8Sm80;
+    Result r = scaled_gemm(kind, g.hq_q, w.hq_q, g.hq_s, w.hq_s, gx_dtype, 0);
+    if (!std::get<1>(r).empty()) return std::get<1>(r);
+    gx = std::get<0>(r);
+    r = scaled_gemm(kind, g.hla_q, qx, g.hla_s, sx, gw_dtype, 0);
+    if (!std::get<1>(r).empty()) return std::get<1>(r);
+    gw = std::get<0>(r);
+    return std::string();
+  });
+  if (!err.empty()) return Tensors(std::vector<torch::Tensor>(), err);
+  return {{gx, gw}, std::string()};
+}
+
 // (dict, err) like the other entry points: building the dict allocates Python objects, which
 // pybind11 reports by throwing.
 std::tuple<pybind11::object, std::string> info() {
@@ -459,5 +588,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_int4", &pack_int4, "int8 codes -> (packed int4, err)", pybind11::arg("codes"),
         pybind11::arg("check") = true);
   m.def("unpack_int4", &unpack_int4, "packed int4 -> (int8 codes, err)", pybind11::arg("packed"), pybind11::arg("k"));
+  m.def("register_triton", &register_triton,
+        "register a Triton-loaded kernel (CUfunction, block, shared bytes, argument kinds) -> (id, err)",
+        pybind11::arg("function"), pybind11::arg("block"), pybind11::arg("shared"), pybind11::arg("kinds"));
+  m.def("quant_pass", &quant_pass, "one quantizer pass (stats + quantize) -> ([hq_q, hq_s, hla_q, hla_s], err)",
+        pybind11::arg("plan"), pybind11::arg("x"), pybind11::arg("h16"), pybind11::arg("t"), pybind11::arg("amax"),
+        pybind11::arg("epoch"), pybind11::arg("hq_key"), pybind11::arg("hla_key"));
+  m.def("layer_backward", &layer_backward, "g_y pass, W pass and both GEMMs of one layer -> ([g_x, g_W], err)");
   m.def("info", &info, "(build facts: archs, sm90a, max_k_int8, max_k_int4, cutlass_version; err)");
 }

@@ -87,7 +87,12 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10) -> 
     if hot_on:
         from hot.nn.modules import HOTConv2d, HOTLinear
 
+        from hot.fast import native
+
         out["hot_layers"] = sum(isinstance(x, (HOTLinear, HOTConv2d)) for x in m.modules())
+        # layer backwards that ran as one C++ call so far in this process (hot.fast.native)
+        out["native_backward_calls"] = native.CALLS["fused_backward"]
+        out["native"] = native.why_off() or "on"
     if mode.endswith("compile"):
         try:
             import torch._dynamo.utils as du

@@ -76,6 +76,10 @@ def env_info() -> dict:
                              capture_output=True, text=True, timeout=20).stdout.strip()
     except Exception:
         drv = "unknown"
+    from ..fast import native
+
     return {"gpu": p.name, "sm": f"{p.major}.{p.minor}", "sms": p.multi_processor_count,
             "driver": drv, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "triton": triton.__version__, "python": platform.python_version()}
+            "triton": triton.__version__, "python": platform.python_version(),
+            # whether the fast backend launches a layer backward in one C++ call (hot.fast.native)
+            "native": native.why_off() or "on"}

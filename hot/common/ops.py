@@ -29,6 +29,15 @@ gy_quantize(x, hq_bits, hq_scale_mode, hq_stochastic, hq_seed, rank, selection, 
     (*hq_quantize(x, hq_bits, ...), *hla_quantize(x, rank, selection, hla_bits, ...)):
     a backend may compute both from one read of x (its ``gy_quantize`` attribute); one that has
     none runs the two operations.
+
+fused_backward(gy, wt, qx, sx, hq, hla, hq_w, gx_dtype, gw_dtype) -> (g_x, g_W) or None
+    An optional backend attribute (not a torch.library op; eager only): one layer's HOT backward
+    in one call, by definition exactly
+        q1, s1, q2, s2 = gy_quantize(gy, *hq, *hla);  qw, sw = hq_quantize(wt, *hq_w)
+        (int_gemm_nt(q1, qw, s1, sw, gx_dtype), int_gemm_nt(q2, qx, s2, sx, gw_dtype))
+    with hq = (bits, scale_mode, stochastic, seed), hla = (rank, selection, bits, scale_mode,
+    stochastic, seed). None means "not in one call for these arguments": the caller composes the
+    operations. The fast backend has it to save host time (hot.fast.native).
 """
 
 from __future__ import annotations
@@ -190,3 +199,11 @@ class _Direct:
 
 
 direct = _Direct()
+
+
+def fused_backward(backend: str):
+    """The backend's fused_backward (module docstring), or None: under tracing, or where the
+    backend has none."""
+    if torch.compiler.is_compiling():
+        return None
+    return getattr(get_backend(backend), "fused_backward", None)

@@ -58,20 +58,22 @@ class Direct:
         self.tails: dict = {}
 
     def __call__(self, grid, args: tuple, meta: Meta, key=None):
-        """``key``: the caller's own cache key, or None for (meta.key, _spec of every argument).
+        """Launches; returns the compiled kernel it ran (None under the interpreter or a hook).
+
+        ``key``: the caller's own cache key, or None for (meta.key, _spec of every argument).
         A caller that passes one guarantees it is at least as fine: equal keys must mean equal
         constexprs and equal _spec of every argument (hot.fast.quant.gy_pass keys on its pass
         plan, which fixes the shape arguments, plus _spec of the arguments that vary)."""
         if INTERPRET or _hooks():
             self.fn[grid](*args, **meta.kw)
-            return
+            return None
         if key is None:
             key = (meta.key, tuple(map(_spec, args)))
         k = self.cache.get(key)
         if k is None:
             # Triton compiles (or finds) the kernel for exactly these arguments and launches it.
-            self.cache[key] = self.fn[grid](*args, **meta.kw)
-            return
+            k = self.cache[key] = self.fn[grid](*args, **meta.kw)
+            return k
         tail = self.tails.get(meta.key)
         if tail is None:
             tail = self.tails[meta.key] = tuple(meta.kw[n] for n in self.names[len(args):])
@@ -80,6 +82,7 @@ class Direct:
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         k.run(grid[0], g1, g2, stream, k.function, k.packed_metadata, None, None, None, *args, *tail)
+        return k
 
 
 _KNOBS = []

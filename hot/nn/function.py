@@ -73,10 +73,19 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx
     gy_hla = _seq_pad(gy2d, plan.seq) if need_gw and not bp.exact else gy2d
     fused = None
     if need_gx and need_gw and not bp.exact and bp.gx_bits and h.bits and gy_hla is gy2d:
+        gy_args = (bp.gx_bits, bp.gy_scale_mode, hq.gy_rounding == "stochastic", bp.seed_gy)
+        w_args = (bp.gx_bits, _mode(hq.w_scale), hq.w_rounding == "stochastic", bp.seed_w)
+        one_call = ops.fused_backward(plan.backend)
+        if one_call is not None:
+            # By definition the composition below (hot.common.ops, fused_backward), or None.
+            qx, sx = saved
+            out = one_call(gy2d, w2d.t(), qx, sx, gy_args, (*_hla_args(h), bp.seed_hla), w_args,
+                           x_dtype, w_dtype)
+            if out is not None:
+                return out
         # Both paths quantize the same g_y: one fused pass (ops.gy_quantize is by definition the
         # pair of hq_quantize and hla_quantize below, with the same arguments).
-        fused = op.gy_quantize(gy2d, bp.gx_bits, bp.gy_scale_mode, hq.gy_rounding == "stochastic",
-                               bp.seed_gy, *_hla_args(h), bp.seed_hla, plan.backend)
+        fused = op.gy_quantize(gy2d, *gy_args, *_hla_args(h), bp.seed_hla, plan.backend)
     if need_gx:
         if bp.exact:
             gx = (gy2d @ w2d.to(gy2d.dtype)).to(x_dtype)

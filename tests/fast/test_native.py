@@ -1,0 +1,57 @@
+"""hot.fast.native on the CPU: what it refuses to launch natively, and that it stays out of the way.
+
+The launches themselves need a GPU (tests/fast/test_native_gpu.py); here: the mapping from Triton
+signatures to argument kinds, the reasons a compiled kernel is refused, and that CPU tensors and
+the reference backend never reach the native path.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from hot.common import ops
+from hot.fast import native
+
+
+def test_kinds_of_signature():
+    sig = {"x_ptr": "*bf16", "sxr": "i32", "sxc": "constexpr", "n": "i64", "out": "*i8",
+           "BLOCK": "constexpr"}
+    assert native.kinds_of(sig) == "picl" + "pc"
+    assert native.kinds_of({"a": "*fp32", "f": "fp32"}) is None  # float arguments: not supported
+    assert native.kinds_of({"a": ("*fp32", "*fp32")}) is None  # tuples
+    assert native.kinds_of({"d": "tensordesc<bf16[64, 64]>"}) is None
+
+
+def _kernel(**md):
+    meta = dict(global_scratch_size=0, profile_scratch_size=0, num_ctas=1,
+                launch_cooperative_grid=False, launch_pdl=False, num_warps=4, shared=0)
+    meta.update(md)
+    sig = {"x": "*bf16", "n": "i32", "one": "constexpr", "B": "constexpr"}
+    return SimpleNamespace(function=1234, metadata=SimpleNamespace(**meta),
+                           src=SimpleNamespace(signature=sig))
+
+
+def test_off_reasons():
+    assert native._off_reason(_kernel(), 3) is None
+    assert native._off_reason(_kernel(), 2) is None  # a constexpr-only tail
+    assert "scratch" in native._off_reason(_kernel(global_scratch_size=64), 3)
+    assert "scratch" in native._off_reason(_kernel(profile_scratch_size=8), 3)
+    assert "launch attributes" in native._off_reason(_kernel(num_ctas=2), 3)
+    assert "launch attributes" in native._off_reason(_kernel(launch_pdl=True), 3)
+    assert "runtime arguments" in native._off_reason(_kernel(), 1)  # 'n' would be left out
+    assert "runtime arguments" in native._off_reason(_kernel(), 5)
+    k = _kernel()
+    k.function = None
+    assert "not loaded" in native._off_reason(k, 3)
+
+
+def test_cpu_and_reference_never_native():
+    gy, w, x = torch.randn(32, 16), torch.randn(16, 16), torch.randn(32, 16)
+    qx, sx = ops.direct.hla_quantize(x, 8, "lowpass", 8, "row", True, 1, "reference")
+    args = (gy, w.t(), qx, sx, (4, "row", True, 2), (8, "lowpass", 8, "row", True, 3),
+            (4, "row", True, 4), torch.float32, torch.float32)
+    assert native.fused_backward(*args) is None
+    assert ops.fused_backward("reference") is None
+    assert ops.fused_backward("fast") is native.fused_backward

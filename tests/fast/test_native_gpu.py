@@ -1,0 +1,165 @@
+"""Native launches (hot.fast.native, csrc/triton_launch.h) against the Python launches, on a GPU.
+
+Run with `pytest -m gpu tests/fast/test_native_gpu.py` on an H100/H200 (the extension is loaded as
+in test_csrc_gpu.py). The native path builds the same kernel arguments in C++ and must give the
+very same outputs: every code and scale is a deterministic function of the input, the seeds and
+the element index, so the expected bound is bitwise equality, not a tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hot.fast import _ext, native
+from hot.fast import quant as fq
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def ext():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOT_JIT_BUILD", "1")
+        mp.setattr(_ext, "_STATE", {})
+        if _ext.load() is None:
+            pytest.fail(f"hot.fast._C did not load: {_ext.why_unavailable()}")
+        from hot.fast import gemm
+
+        gemm._ext.cache_clear()
+        gemm._ext_caps.cache_clear()
+        yield _ext
+
+
+def _python_pass(x, hq, hla, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(native, "ENABLED", False)
+        return fq.gy_pass(x, hq, hla)
+
+
+def _same(a, b, what):
+    for i, (u, v) in enumerate(zip(a, b)):
+        if u is None or v is None:
+            assert u is None and v is None, f"{what}: output {i} present on one path only"
+            continue
+        assert u.shape == v.shape and u.dtype == v.dtype, f"{what}: output {i} {u.shape} vs {v.shape}"
+        assert torch.equal(u, v), f"{what}: output {i} differs in {(u != v).sum().item()} entries"
+
+
+# (rows, cols, dtype, transposed view): awkward sizes (not multiples of 16 or of the tile), a
+# ViT-like g_y, and W^T views in fp32 and bf16 (strided x).
+CASES = [(300, 200, torch.bfloat16, False), (1037, 771, torch.float16, False),
+         (4096, 768, torch.bfloat16, False), (768, 2304, torch.float32, True),
+         (129, 48, torch.bfloat16, True)]
+
+
+@pytest.mark.parametrize("rows,cols,dtype,transposed", CASES)
+@pytest.mark.parametrize("mode", ["row", "tensor"])
+def test_quant_pass_native_equals_python(ext, rows, cols, dtype, transposed, mode, monkeypatch):
+    g = torch.Generator(device="cuda").manual_seed(rows * 7 + cols)
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.float32, generator=g).to(dtype)
+    if transposed:
+        x = x.t().contiguous().t()
+    cases = [((4, mode, True, 11), (8, "lowpass", 8, "row", True, 12)),
+             ((4, mode, True, 13), None), (None, (8, "lowpass", 8, mode, True, 14))]
+    for hq, hla in cases:
+        fq.gy_pass(x, hq, hla)  # the first pass of a plan launches in Python and registers it
+        p = fq.plan_for(x, hq, hla)
+        assert native._PLANS.get((p["uid"], True)), f"not registered: {native.why_off()}"
+        want = _python_pass(x, hq, hla, monkeypatch)
+        got = fq.gy_pass(x, hq, hla)  # native now
+        _same(got, want, f"{tuple(x.shape)} {dtype} hq={hq} hla={hla}")
+
+
+def test_registration_checks_the_cubin(ext):
+    """A kind list that disagrees with the cubin's parameters is refused (cuFuncGetParamInfo):
+    one extra pointer, and an int64 in place of an int32."""
+    x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    hq = (4, "row", True, 1)
+    fq.gy_pass(x, hq, None)
+    p = fq.plan_for(x, hq, None)
+    ks = native._COMPILED[(p["uid"], True)][0]
+    kinds = native.kinds_of(ks.src.signature)
+    mod = ext.load()
+    block, shared = 32 * ks.metadata.num_warps, ks.metadata.shared
+    _, err = mod.register_triton(int(ks.function), block, shared, kinds)
+    assert err == "", err
+    _, err = mod.register_triton(int(ks.function), block, shared, kinds + "p")
+    assert "parameters, expected" in err, err
+    i = kinds.index("i")
+    _, err = mod.register_triton(int(ks.function), block, shared, kinds[:i] + "l" + kinds[i + 1:])
+    assert "bytes, expected" in err, err
+
+
+@pytest.mark.parametrize("gdt,wdt", [(torch.bfloat16, torch.float32), (torch.float16, torch.float16)])
+@pytest.mark.parametrize("mode", ["row", "tensor"])
+def test_fused_backward_equals_composed(ext, gdt, wdt, mode, monkeypatch):
+    """fused_backward is by definition the composition of the operations (hot.common.ops)."""
+    from hot.fast import gemm
+
+    L, O, I = 1056, 384, 272  # L / 16 * 8 = 528 codes per row of the HLA operands: K % 16 == 0
+    g = torch.Generator(device="cuda").manual_seed(5)
+    gy = torch.randn(L, O, device="cuda", generator=g).to(gdt)
+    w = torch.randn(O, I, device="cuda", generator=g).to(wdt)
+    x = torch.randn(L, I, device="cuda", generator=g).to(gdt)
+    hla = (8, "lowpass", 8, "row", True, 21)
+    qx, sx = fq.hla_quantize(x, *hla[:5], 22)
+    hq, hq_w = (4, mode, True, 23), (4, "row", True, 24)
+    args = (gy, w.t(), qx, sx, hq, hla, hq_w, gdt, wdt)
+    # The composed operations, with native launches off: they also register both pass plans
+    # (the first Python pass of a plan does), after which fused_backward runs in one call.
+    with monkeypatch.context() as m:
+        m.setattr(native, "ENABLED", False)
+        assert native.fused_backward(*args) is None
+        q1, s1, q2, s2 = fq.gy_quantize(gy, *hq, *hla)
+        qw, sw = fq.hq_quantize(w.t(), *hq_w)
+        want = (gemm.int_gemm_nt(q1, qw, s1, sw, gdt), gemm.int_gemm_nt(q2, qx, s2, sx, wdt))
+    fq.gy_quantize(gy, *hq, *hla)  # registers (the plan's first pass with native launches on)
+    fq.hq_quantize(w.t(), *hq_w)
+    out = native.fused_backward(*args)
+    assert out is not None, f"fused_backward did not run natively: {native.why_off()}"
+    _same(out, want, f"fused_backward {gdt} {wdt} {mode}")
+    # L = 1040 gives K = 520 for g_W, which int_gemm_nt runs on the Triton GEMM (CUTLASS needs
+    # K % 16 == 0): not one native call, so fused_backward declines and the caller composes.
+    gy2, x2 = gy[:1040], x[:1040]
+    qx2, sx2 = fq.hla_quantize(x2, *hla[:5], 22)
+    assert gemm.gemm_path(fq.gy_quantize(gy2, *hq, *hla)[2], qx2) == "triton_s8"
+    fq.gy_quantize(gy2, *hq, *hla)
+    assert native.fused_backward(gy2, w.t(), qx2, sx2, hq, hla, hq_w, gdt, wdt) is None
+
+
+def test_layer_gradients_native_equal_python(ext, monkeypatch):
+    """A HOTLinear trained for a few steps gives the same gradients with native launches on and
+    off (the layer's seeds depend on its step, so both runs start from the same state)."""
+    import hot
+
+    def run(enabled):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(96, 160), torch.nn.GELU(), torch.nn.Linear(160, 48)).cuda()
+        # Per-token g_y scales forced: LQS would switch the plan once while deciding.
+        hot.convert(m, hot.HOTConfig().replace(hq={"gy_scale": "token"}), backend="fast")
+        # 8 x 128 tokens: K = 512 for g_W (a multiple of 16, so the CUTLASS GEMMs run); x needs
+        # a gradient so that both layers take the fused path (g_x and g_W).
+        x = torch.randn(8, 128, 96, device="cuda", requires_grad=True)
+        grads = []
+        with monkeypatch.context() as mp:
+            mp.setattr(native, "ENABLED", enabled)
+            for _ in range(3):
+                m.zero_grad()
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    y = m(x)
+                y.float().square().mean().backward()
+                grads.append([p.grad.clone() for p in m.parameters()] + [x.grad.clone()])
+                x.grad = None
+        return grads
+
+    before = native.CALLS["fused_backward"]
+    on = run(True)
+    # 2 layers x 3 steps; the first backward of each layer registers its plans in Python.
+    assert native.CALLS["fused_backward"] - before >= 4, f"not native: {native.why_off()}"
+    off = run(False)
+    for s, (a, b) in enumerate(zip(on, off)):
+        for i, (u, v) in enumerate(zip(a, b)):
+            assert torch.equal(u, v), f"step {s} parameter {i}: {(u != v).sum().item()} entries differ"
