@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script the GPU machine runs: build csrc (in the background, sm_90a only), run the GPU
 # tests, the quantizer sweep, the benchmarks, and print a short table LAST.
-# Usage: scripts/gpu_run.sh [tests|bench|sweep|e2e|all]...
+# Usage: scripts/gpu_run.sh [tests|profile|breakdown|sweep|decomp|trace|bench|e2e|ncu|diag|all]...
 # Expects the nvidia-cutlass wheel under .whl/ (carried); writes logs and JSON under $OUT.
 set -u
 OUT=${OUT:-/tmp/hot_out}; mkdir -p "$OUT"
@@ -72,10 +72,17 @@ esac
 case " $what " in *" tests "*|*" all "*)
   tst tests/fast/test_gpu_kernels.py 200
   tst tests/fast/test_csrc_gpu.py 200
+  tst tests/fast/test_native_gpu.py 200
+esac
+case " $what " in *" decomp "*|*" bench "*|*" all "*)
+  timeout 120 python3 benchmarks/gemm_decomp.py 2>&1 | grep -v "^W1" | tee "$OUT/gemm_decomp.md" | tail -8
 esac
 case " $what " in *" profile "*|*" all "*)
   timeout 120 python3 benchmarks/host_breakdown.py --n 200 2>&1 | grep -vi warn > "$OUT/host_breakdown.log"
   grep -E "timeline|in sequence|HOTLinear|nn.Linear|no work|enqueue" "$OUT/host_breakdown.log"
+esac
+case " $what " in *" trace "*)
+  timeout 150 python3 benchmarks/layer_trace.py 2>&1 | grep -v "^W1" | tee "$OUT/layer_trace.log" | head -80
 esac
 case " $what " in *" bench "*|*" all "*)
   HOT_FAST_AUTOTUNE=${HOT_FAST_AUTOTUNE:-0} timeout 300 python3 -m hot.bench.backward --json "$OUT/bench_backward.json" --md "$OUT/bench_backward.md" > /tmp/bench_backward.log 2>&1 || tail -30 /tmp/bench_backward.log
