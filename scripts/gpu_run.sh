@@ -88,13 +88,17 @@ case " $what " in *" bench "*|*" all "*)
   HOT_FAST_AUTOTUNE=${HOT_FAST_AUTOTUNE:-0} timeout 300 python3 -m hot.bench.backward --json "$OUT/bench_backward.json" --md "$OUT/bench_backward.md" > /tmp/bench_backward.log 2>&1 || tail -30 /tmp/bench_backward.log
 esac
 case " $what " in *" e2e "*|*" all "*)
-  timeout 300 python3 -m hot.bench.e2e --modes "${E2E_MODES:-bf16,bf16_compile,hot,hot_compile}" --json "$OUT/e2e.json" 2>&1 \
+  timeout 300 python3 -m hot.bench.e2e --modes "${E2E_MODES:-bf16,bf16_compile,hot,hot_compile}" ${E2E_PROFILE:+--profile} --json "$OUT/e2e.json" 2>&1 \
     | tee /tmp/e2e.log | grep -v "^ " | python3 -c "
 import sys, json
 for l in sys.stdin:
     try: d = json.loads(l)
     except Exception: print(l.rstrip()[:300]); continue
-    print(d.get('mode'), 'step_ms', round(d.get('step_ms', -1), 2), 'peak', round(d.get('peak_GiB', -1), 2), 'losses', d.get('losses'), d.get('error', ''))"
+    print(d.get('mode'), 'step_ms', round(d.get('step_ms', -1), 2), 'peak', round(d.get('peak_GiB', -1), 2), 'losses', d.get('losses'), d.get('error', ''))
+    pr = d.get('profile')
+    if pr:
+        print('  GPU busy ms/step', round(pr['gpu_busy_ms'], 2))
+        for k, v in pr['top_ms']: print('   ', v, k)"
 esac
 [ -n "$diag_pid" ] && wait "$diag_pid" && grep -v "^W1" "$OUT/diag_cxx.log" | tail -9
 [ -f "$OUT/gpu_tests.log" ] && echo "== GPU test files:" && grep -E "^== |[0-9]+ (passed|failed)" "$OUT/gpu_tests.log"

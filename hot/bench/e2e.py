@@ -4,6 +4,7 @@ each with and without torch.compile. Median step time over timed steps after war
 events) and peak allocated memory.
 
     python -m hot.bench.e2e [--modes bf16,bf16_compile,hot,hot_compile,hot_ref,hot_exact] [--json out.json]
+                            [--profile]
 
 hot_ref runs HOT on the reference backend inside quant.hash_rng() (the fast kernels' random
 stream, so it is the same computation up to rare flipped codes); hot_exact runs the HOT layers
@@ -36,7 +37,29 @@ def _model(mode: str):
     return m
 
 
-def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10) -> dict:
+def _profile(step, n: int = 2, top: int = 14) -> dict:
+    """GPU busy time per step (kernel durations summed, torch.profiler) and the kernels that
+    take most of it, grouped by name: where a step's time goes beyond the linear layers."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(n):
+            step(i)
+        torch.cuda.synchronize()
+    by = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by[e.name[:70]] += e.device_time / 1e3 / n
+    busy = sum(by.values())
+    return {"gpu_busy_ms": busy,
+            "top_ms": [(k, round(v, 3)) for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:top]]}
+
+
+def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
+              profile: bool = False) -> dict:
     import contextlib
 
     from hot.common import quant
@@ -84,6 +107,8 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10) -> 
            "peak_GiB": torch.cuda.max_memory_allocated() / 2**30, "loss": float(loss),
            "losses": [round(v, 4) for v in losses],
            "warmup_s": warm_s}
+    if profile:
+        out["profile"] = _profile(lambda i: step(warmup + steps + i))
     if hot_on:
         from hot.nn.modules import HOTConv2d, HOTLinear
 
@@ -111,11 +136,13 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default="bf16,bf16_compile,hot,hot_compile")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", action="store_true",
+                   help="also profile 2 steps: GPU busy time and the kernels that take most of it")
     a = p.parse_args(argv)
     res = []
     for mode in a.modes.split(","):
         try:
-            r = step_time(mode, steps=a.steps)
+            r = step_time(mode, steps=a.steps, profile=a.profile)
         except Exception as e:  # reported, never hidden: a mode that fails says why
             r = {"mode": mode, "error": f"{type(e).__name__}: {e}",
                  "trace": traceback.format_exc()[-3000:]}
