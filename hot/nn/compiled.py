@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from ..common import ops
 from ..common.ops import dtype_name
-from .function import _seq_pad, abc_save, hot_backward, no_autocast
+from .function import _seq_pad, abc_save, hot_backward, no_autocast, patches
 from .state import LayerPlan, make_plan
 
 # torch 2.14 has the tag; on a torch without it the ops go untagged.
@@ -146,12 +146,6 @@ torch.library.register_autograd("hot::linear_fwd", _linear_backward, setup_conte
 # ---------------------------------------------------------------- conv2d
 
 
-def _patches(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation) -> torch.Tensor:
-    """The unfolded patches as (B * Ho * Wo, C * kh * kw), the rows HOTConv2dFunction uses."""
-    xu = F.unfold(x, w.shape[-2:], dilation, padding, stride)  # (B, Ckk, L)
-    return xu.transpose(1, 2).reshape(-1, xu.shape[1])
-
-
 @torch.library.custom_op("hot::conv_fwd", mutates_args=(), tags=_TAGS)
 def conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
              stride: list[int], padding: list[int], dilation: list[int], need_gx: bool,
@@ -163,7 +157,7 @@ def conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: i
         plan = _live_plan(layer, x, seq, exact, rank, bits, row)
         if not need_gw:
             return y, _empty(y), _empty(y)
-        saved = abc_save(plan, _patches(x, w, stride, padding, dilation))
+        saved = abc_save(plan, patches(x, w.shape[-2:], stride, padding, dilation))
     if exact:  # the patches themselves (a transient of kh*kw times x, as in eager mode)
         return y, saved[0].contiguous(), _empty(y)
     return y, saved[0].contiguous(), saved[1].contiguous()

@@ -140,6 +140,24 @@ class HOTLinearFunction(torch.autograd.Function):
         return gx, gw, gb, None, None
 
 
+def patches(x: torch.Tensor, ksize, stride, padding, dilation) -> torch.Tensor:
+    """The patches of x (B, C, H, W) as rows: (B * Ho * Wo, C * kh * kw), row (b, oh, ow) and
+    column (c, i, j), i.e. exactly ``F.unfold(x, ...).transpose(1, 2).reshape(-1, C * kh * kw)``.
+
+    Where dilation is 1 the patches are strided views (Tensor.unfold) copied once: F.unfold on
+    CUDA launches one im2col kernel per image, which cost ~4 ms per ViT-B/16 step at batch 128
+    for the patch embedding alone (H100, docs/performance.md, round 5)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = ksize, stride, padding, dilation
+    if (dh, dw) != (1, 1):
+        xu = F.unfold(x, (kh, kw), dilation, padding, stride)  # (B, Ckk, L)
+        return xu.transpose(1, 2).reshape(-1, xu.shape[1])
+    if ph or pw:
+        x = F.pad(x, (pw, pw, ph, ph))
+    v = x.unfold(2, kh, sh).unfold(3, kw, sw)  # (B, C, Ho, Wo, kh, kw): a view
+    b, c, ho, wo = v.shape[:4]
+    return v.permute(0, 2, 3, 1, 4, 5).reshape(b * ho * wo, c * kh * kw)
+
+
 class HOTConv2dFunction(torch.autograd.Function):
     """Conv2d (groups = 1) as a linear over unfolded patches: rows = (image, output position),
     columns = C * kh * kw. Forward uses F.conv2d; only the ABC copy is built from the patches."""
@@ -151,10 +169,8 @@ class HOTConv2dFunction(torch.autograd.Function):
         need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         saved = ()
         if need_gw:
-            # The unfolded patches are a transient of kh*kw times x's size (freed after ABC).
-            xu = F.unfold(x, weight.shape[-2:], dilation, padding, stride)  # (B, Ckk, L)
-            saved = abc_save(plan, xu.transpose(1, 2).reshape(-1, xu.shape[1]))
-            del xu
+            # The patches are a transient of up to kh*kw times x's size (freed after ABC).
+            saved = abc_save(plan, patches(x, weight.shape[-2:], stride, padding, dilation))
         ctx.n_saved = len(saved)
         ctx.save_for_backward(*saved, *((weight,) if need_gx else ()))
         ctx.layer, ctx.plan, ctx.geom = layer, plan, geom
