@@ -26,6 +26,7 @@ compiled kernel), with HOT_FAST_NATIVE=0, and where the extension or a registrat
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from typing import Optional
@@ -164,18 +165,25 @@ def quant_pass(x: torch.Tensor, p: dict, hq: Optional[tuple], hla: Optional[tupl
 _DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def _gemm_kind(dev: torch.device, k_gx: int, k_gw: int, qx: torch.Tensor, hq_bits: int) -> Optional[int]:
-    """0 (CUTLASS SM90 int8) or 1 (CUTLASS SM80 int8) where hot.fast.gemm.int_gemm_nt would run
-    that GEMM for both products of this backward, else None (the composed path then runs)."""
+@functools.lru_cache(maxsize=1024)
+def _gemm_kind_of(dev: torch.device, k_gx: int, k_gw: int, hq_bits: int) -> Optional[int]:
     from . import gemm
 
     arch = arch_for(dev)
     s4, s8 = gemm._ext_caps(dev, arch)
-    if not s8 or k_gx % 16 or k_gw % 16 or max(k_gx, k_gw) > s8 or not gemm._ext_ok(qx, 16):
+    if not s8 or k_gx % 16 or k_gw % 16 or max(k_gx, k_gw) > s8:
         return None
     if arch == "sm80" and s4 and hq_bits <= 4:
         return None  # the composed path packs 4-bit codes for the int4 GEMM there
     return 0 if arch == "sm90" else 1
+
+
+def _gemm_kind(dev: torch.device, k_gx: int, k_gw: int, qx: torch.Tensor, hq_bits: int) -> Optional[int]:
+    """0 (CUTLASS SM90 int8) or 1 (CUTLASS SM80 int8) where hot.fast.gemm.int_gemm_nt would run
+    that GEMM for both products of this backward, else None (the composed path then runs)."""
+    from .gemm import _ext_ok
+
+    return _gemm_kind_of(dev, k_gx, k_gw, hq_bits) if _ext_ok(qx, 16) else None
 
 
 def fused_backward(gy, wt, qx, sx, hq: tuple, hla: tuple, hq_w: tuple, gx_dtype: torch.dtype,
