@@ -3,9 +3,11 @@ forward, cross-entropy, backward, fused AdamW): HOT (fast backend) against plain
 each with and without torch.compile. Median step time over timed steps after warm-up (CUDA
 events) and peak allocated memory.
 
-    python -m hot.bench.e2e [--modes bf16,bf16_compile,hot,hot_compile,hot_ref,hot_exact] [--json out.json]
+    python -m hot.bench.e2e [--modes bf16,bf16_compile,hot,hot_compile,hot_ref,hot_exact,
+                                     bf16_compile_ro,hot_compile_ro] [--json out.json]
                             [--profile]
 
+*_compile_ro compiles with mode="reduce-overhead" (CUDA graphs, HOT's ops outside them).
 hot_ref runs HOT on the reference backend inside quant.hash_rng() (the fast kernels' random
 stream, so it is the same computation up to rare flipped codes); hot_exact runs the HOT layers
 with HOTConfig.exact() (exact gradients through the same wrappers). Every mode records the loss of
@@ -67,16 +69,28 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
     hot_on = mode.startswith("hot")
     m = _model(mode)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
-    if mode.endswith("compile"):
+    compiled = mode.endswith(("compile", "compile_ro"))
+    if compiled:
         import torch._dynamo.utils as du
 
         du.counters.clear()  # the counters are process-wide: count this mode's compiles only
     # HOT layers trace through hot.nn.compiled's custom ops: no graph break at a HOT layer.
-    fwd = torch.compile(m) if mode.endswith("compile") else m
+    fwd = m
+    if mode.endswith("compile_ro"):
+        # CUDA graphs (mode="reduce-overhead"); graph partitions keep HOT's ops (tagged
+        # cudagraph_unsafe: their seeds and step counters live on the host) outside the graphs.
+        import torch._inductor.config as ic
+
+        ic.graph_partition = True
+        fwd = torch.compile(m, mode="reduce-overhead")
+    elif compiled:
+        fwd = torch.compile(m)
     xs = [torch.randn(batch, 3, 224, 224, device="cuda") for _ in range(2)]
     ys = [torch.randint(0, 1000, (batch,), device="cuda") for _ in range(2)]
 
     def step(i):
+        if mode.endswith("compile_ro"):
+            torch.compiler.cudagraph_mark_step_begin()  # a training step: new graph outputs
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = F.cross_entropy(fwd(xs[i % 2]), ys[i % 2])
         with quant.hash_rng() if mode.startswith("hot_ref") else contextlib.nullcontext():
@@ -118,7 +132,7 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
         # layer backwards that ran as one C++ call so far in this process (hot.fast.native)
         out["native_backward_calls"] = native.CALLS["fused_backward"]
         out["native"] = native.why_off() or "on"
-    if mode.endswith("compile"):
+    if compiled:
         try:
             import torch._dynamo.utils as du
 
