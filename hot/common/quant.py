@@ -107,11 +107,17 @@ def seed_key(seed: int) -> int:
 _SEED_H0 = 0x2545F491
 
 
+# mix32 of the small integers that seed derivations use as salts and operand numbers: hashed once
+# (the host time of a layer's backward on the GPU machines is dominated by such Python work).
+_MIX_SMALL = tuple(mix32(i) for i in range(64))
+
+
 def seed_prefix(*parts: int, h: int = _SEED_H0) -> int:
     """The running hash of ``derive_seed`` after ``parts``: derive_seed(*a, *b) ==
     derive_seed_from(seed_prefix(*a), *b), so a caller can hash a fixed prefix once."""
     for p in parts:
-        h = mix32(h ^ mix32(int(p) & M32))
+        p = int(p) & M32
+        h = mix32(h ^ (_MIX_SMALL[p] if p < 64 else mix32(p)))
     return h
 
 

@@ -92,10 +92,13 @@ class _HOTMixin:
     def hot_advance_step(self) -> int:
         """Count one backward call; returns the step it was (0-based)."""
         step = self._hot_step_value
-        self._hot_step_value = step + 1
+        # Plain attributes written through __dict__: nn.Module.__setattr__ looks through its
+        # parameter, buffer and module tables first, on every backward of every layer.
+        d = self.__dict__
+        d["_hot_step_value"] = step + 1
         self.hot_step.fill_(step + 1)
         # The compile path traces this bool, not the step, so only the phase change recompiles.
-        self._hot_exact_phase = step + 1 < self.hot_config.exact_steps
+        d["_hot_exact_phase"] = step + 1 < self.hot_config.exact_steps
         return step
 
     def hot_lqs_value(self) -> int:

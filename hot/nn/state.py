@@ -51,6 +51,12 @@ def _prefix(seed: int, layer_id: int) -> int:
     return seed_prefix(seed, layer_id)
 
 
+@functools.lru_cache(maxsize=4096)
+def _step_prefix(prefix: int, step: int) -> int:
+    # Shared by the forward's draw (salt 1) and the backward's (salt 2) of one step.
+    return seed_prefix(step, h=prefix)
+
+
 def draw_seed(cfg: HOTConfig, layer_id: int, step: int, salt: int) -> int:
     """A fresh 31-bit seed: from torch's default generator, or derived from cfg.seed.
 
@@ -60,7 +66,7 @@ def draw_seed(cfg: HOTConfig, layer_id: int, step: int, salt: int) -> int:
     if cfg.seed is None:
         base = int(torch.randint(0, 2**31 - 1, (1,)).item())
     else:
-        base = derive_seed_from(_prefix(cfg.seed, layer_id), step, salt)
+        base = derive_seed_from(_step_prefix(_prefix(cfg.seed, layer_id), step), salt)
     r = _rank()
     return derive_seed(base, r) if r else base
 
