@@ -19,7 +19,10 @@ def main():
         gs = [(torch.randn(r, c, device="cuda", dtype=torch.bfloat16),) for _ in range(3)]
         floor = (r * c * 2 + r * c + c * r // 2) / bw * 1e3
         ms = bench(lambda g: fq.gy_quantize(g, 4, "row", True, 1, 8, "lowpass", 8, "row", True, 2), gs)
-        st, qu, _ = fq._kernels(32, None)
+        # The autotuned launchers of the variant in use (as hot.fast.quant._pass_plan asks for
+        # them: the butterfly HLA methods need no minimum tile height).
+        v4 = fq._VARIANTS[fq.QKERNEL_VARIANT]
+        st, qu, _ = fq._kernels(16 if v4 and v4[1] != "dot" else 32, None, fq.QKERNEL_VARIANT)
         best = [str(getattr(k.__closure__[0].cell_contents, "best_config", None)) for k in (st, qu)]
         hu = host_us(lambda: fq.gy_quantize(gs[0][0], 4, "row", True, 1, 8, "lowpass", 8, "row", True, 2))
         print(f"gy_pass {r}x{c}: {ms:.3f} ms, floor {floor:.3f} ms ({100 * floor / ms:.0f}% of copy), "
