@@ -163,3 +163,27 @@ def test_layer_gradients_native_equal_python(ext, monkeypatch):
     for s, (a, b) in enumerate(zip(on, off)):
         for i, (u, v) in enumerate(zip(a, b)):
             assert torch.equal(u, v), f"step {s} parameter {i}: {(u != v).sum().item()} entries differ"
+
+
+def test_failed_registration_falls_back_and_says_why(ext, monkeypatch):
+    """A kernel the cubin check refuses (here: an int64 where the cubin has an int32, as a Triton
+    with another calling convention could produce) leaves the plan on the Python launches, with
+    the reason in why_off(), and the outputs unchanged."""
+    x = torch.randn(200, 96, device="cuda", dtype=torch.bfloat16)
+    hq, hla = (4, "row", True, 31), (8, "lowpass", 8, "row", True, 32)
+    want = _python_pass(x, hq, hla, monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(native, "_PLANS", {})
+        m.setattr(native, "_COMPILED", {})
+        m.setattr(native, "_STATE", {})
+        real = native.kinds_of
+        m.setattr(native, "kinds_of", lambda sig: real(sig).replace("i", "l", 1))
+        before = native.CALLS["quant_pass"]
+        fq.gy_pass(x, hq, hla)  # launches in Python, tries to register, is refused
+        got = fq.gy_pass(x, hq, hla)
+        assert native.CALLS["quant_pass"] == before, "a refused plan ran natively"
+        why = native.why_off()
+        assert why is not None and "registration failed" in why and "bytes, expected" in why, why
+        p = fq.plan_for(x, hq, hla)
+        assert native._PLANS.get((p["uid"], True)) is False
+    _same(got, want, "fallback after a refused registration")
