@@ -451,10 +451,12 @@ std::tuple<int64_t, std::string> register_triton(int64_t function, int64_t block
 // A quantizer pass plan from hot/fast/native.py (the fixed part of hot.fast.quant.pass_args):
 enum PassField {
   kStatsId, kQuantId, kGrid0, kGrid1, kGrid2, kR, kC, kC16, kLR, kNBlk, kNh, kNl, kHqSPad, kHlaSPad,
-  kDoHq, kDoHla, kPassFields
+  kDoHq, kDoHla, kDoBsum, kPassFields
 };
 
-struct PassOut { torch::Tensor hq_q, hq_s, hla_q, hla_s; };
+// bsum: x's column sums in float32 (the bias gradient), from the stats kernel's per-row-of-tiles
+// partial sums (kDoBsum plans only).
+struct PassOut { torch::Tensor hq_q, hq_s, hla_q, hla_s, bsum; };
 
 int64_t addr(const torch::Tensor& t) { return int64_t(reinterpret_cast<uintptr_t>(t.data_ptr())); }
 
@@ -492,8 +494,11 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   const int64_t ws_l = p[kNh] ? ws + p[kNh] * int64_t(sizeof(int64_t)) : ws;
   std::vector<Arg> base = {{addr(x)}, {x.stride(0)}, {x.stride(1)}, {p[kR]}, {p[kC]}, {addr(h16)}, {addr(t)},
                            {ws}, {ws_l}};
+  torch::Tensor partial;
+  if (p[kDoBsum]) partial = torch::empty({p[kGrid0], p[kC]}, f32);
   std::vector<Arg> stats = base;
   stats.push_back({epoch});
+  stats.push_back({p[kDoBsum] ? addr(partial) : ws});
   std::vector<Arg> quant = base;
   const std::vector<Arg> tail = {
       {p[kDoHq] ? addr(out->hq_q) : ws}, {p[kDoHq] ? addr(out->hq_s) : ws}, {p[kC16]}, {hq_key},
@@ -504,7 +509,9 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   CUstream stream = reinterpret_cast<CUstream>(c10::cuda::getCurrentCUDAStream(dev.index()).stream());
   std::string e = hot::triton_launch::launch(p[kStatsId], grid, stats, stream);
   if (e.empty()) e = hot::triton_launch::launch(p[kQuantId], grid, quant, stream);
-  return e.empty() ? e : runtime_error(where, e);
+  if (!e.empty()) return runtime_error(where, e);
+  if (p[kDoBsum]) out->bsum = partial.sum(0);
+  return e;
 }
 
 using Tensors = std::tuple<std::vector<torch::Tensor>, std::string>;
@@ -514,12 +521,13 @@ Tensors quant_pass(std::vector<int64_t> plan, torch::Tensor x, torch::Tensor h16
   PassOut o;
   std::string err = catching("quant_pass", [&] { return run_pass(plan, x, h16, t, amax, epoch, hq_key, hla_key, &o); });
   if (!err.empty()) return Tensors(std::vector<torch::Tensor>(), err);
-  return {{o.hq_q, o.hq_s, o.hla_q, o.hla_s}, std::string()};
+  return {{o.hq_q, o.hq_s, o.hla_q, o.hla_s, o.bsum}, std::string()};
 }
 
 // The HOT backward of one layer in one call (hot.common.ops, fused_backward):
 //   g_y pass over gy -> (q_gy, s_gy) for HQ and (q_hla, s_hla) for HLA; HQ pass over W^T -> (q_w, s_w);
-//   g_x = int_gemm_nt(q_gy, q_w, s_gy, s_w), g_W = int_gemm_nt(q_hla, q_x, s_hla, s_x).
+//   g_x = int_gemm_nt(q_gy, q_w, s_gy, s_w), g_W = int_gemm_nt(q_hla, q_x, s_hla, s_x);
+//   with a kDoBsum g_y plan also g_b = the column sums of gy, in gy's dtype (else undefined).
 // gemm_kind: 0 = gemm_s8s8_sm90, 1 = gemm_s8s8_sm80 (what hot.fast.gemm.gemm_path picks for these
 // operands; the caller decided).
 Tensors layer_backward(std::vector<int64_t> gplan, std::vector<int64_t> wplan, torch::Tensor gy, torch::Tensor wt,
@@ -527,7 +535,7 @@ Tensors layer_backward(std::vector<int64_t> gplan, std::vector<int64_t> wplan, t
                        torch::Tensor amax_g, int64_t epoch_g, torch::Tensor amax_w, int64_t epoch_w,
                        int64_t key_gy, int64_t key_hla, int64_t key_w, int64_t gemm_kind, std::string gx_dtype,
                        std::string gw_dtype) {
-  torch::Tensor gx, gw;
+  torch::Tensor gx, gw, gb;
   std::string err = catching("layer_backward", [&] {
     HOT_REQUIRE(gemm_kind == 0 || gemm_kind == 1, "hot.fast._C.layer_backward: gemm_kind must be 0 or 1, got ",
                 gemm_kind);
@@ -545,10 +553,11 @@ Tensors layer_backward(std::vector<int64_t> gplan, std::vector<int64_t> wplan, t
     r = scaled_gemm(kind, g.hla_q, qx, g.hla_s, sx, gw_dtype, 0);
     if (!std::get<1>(r).empty()) return std::get<1>(r);
     gw = std::get<0>(r);
+    if (g.bsum.defined()) gb = g.bsum.to(gy.scalar_type());
     return std::string();
   });
   if (!err.empty()) return Tensors(std::vector<torch::Tensor>(), err);
-  return {{gx, gw}, std::string()};
+  return {{gx, gw, gb}, std::string()};
 }
 
 // (dict, err) like the other entry points: building the dict allocates Python objects, which
@@ -591,9 +600,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_triton", &register_triton,
         "register a Triton-loaded kernel (CUfunction, block, shared bytes, argument kinds) -> (id, err)",
         pybind11::arg("function"), pybind11::arg("block"), pybind11::arg("shared"), pybind11::arg("kinds"));
-  m.def("quant_pass", &quant_pass, "one quantizer pass (stats + quantize) -> ([hq_q, hq_s, hla_q, hla_s], err)",
+  m.def("quant_pass", &quant_pass, "one quantizer pass (stats + quantize) -> ([hq_q, hq_s, hla_q, hla_s, bsum], err)",
         pybind11::arg("plan"), pybind11::arg("x"), pybind11::arg("h16"), pybind11::arg("t"), pybind11::arg("amax"),
         pybind11::arg("epoch"), pybind11::arg("hq_key"), pybind11::arg("hla_key"));
-  m.def("layer_backward", &layer_backward, "g_y pass, W pass and both GEMMs of one layer -> ([g_x, g_W], err)");
+  m.def("layer_backward", &layer_backward, "g_y pass, W pass and both GEMMs of one layer -> ([g_x, g_W, g_b], err)");
   m.def("info", &info, "(build facts: archs, sm90a, max_k_int8, max_k_int4, cutlass_version; err)");
 }

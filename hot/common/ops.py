@@ -30,14 +30,16 @@ gy_quantize(x, hq_bits, hq_scale_mode, hq_stochastic, hq_seed, rank, selection, 
     a backend may compute both from one read of x (its ``gy_quantize`` attribute); one that has
     none runs the two operations.
 
-fused_backward(gy, wt, qx, sx, hq, hla, hq_w, gx_dtype, gw_dtype) -> (g_x, g_W) or None
+fused_backward(gy, wt, qx, sx, hq, hla, hq_w, gx_dtype, gw_dtype, need_gb) -> (g_x, g_W, g_b) or None
     An optional backend attribute (not a torch.library op; eager only): one layer's HOT backward
     in one call, by definition exactly
         q1, s1, q2, s2 = gy_quantize(gy, *hq, *hla);  qw, sw = hq_quantize(wt, *hq_w)
         (int_gemm_nt(q1, qw, s1, sw, gx_dtype), int_gemm_nt(q2, qx, s2, sx, gw_dtype))
     with hq = (bits, scale_mode, stochastic, seed), hla = (rank, selection, bits, scale_mode,
-    stochastic, seed). None means "not in one call for these arguments": the caller composes the
-    operations. The fast backend has it to save host time (hot.fast.native).
+    stochastic, seed); g_b = gy.sum(0) (float32 accumulation, any order, in gy's dtype) when
+    need_gb and the backend forms it on the way, else None (the caller sums). None means "not in
+    one call for these arguments": the caller composes the operations. The fast backend has it
+    to save host time and a read of g_y (hot.fast.native).
 """
 
 from __future__ import annotations

@@ -13,11 +13,12 @@ checked there against the cubin's own parameter list), and later passes of that 
 
     quant_pass(x, p, hq, hla)  -> (hq_q, hq_s, hla_q, hla_s), or None (then Python launches)
         the same outputs as hot.fast.quant.gy_pass for plan p, from one C++ call.
-    fused_backward(gy, wt, qx, sx, hq, hla, hq_w, gx_dtype, gw_dtype) -> (g_x, g_W) or None
+    fused_backward(gy, wt, qx, sx, hq, hla, hq_w, gx_dtype, gw_dtype, need_gb) -> (g_x, g_W, g_b)
         the fast backend's one-call layer backward (hot.common.ops, "fused_backward"): the fused
-        g_y pass, the HQ pass over W^T and both CUTLASS GEMMs. None where it cannot run this case
-        exactly as the composed operations would (no extension, a plan not yet registered, a GEMM
-        that would not be a CUTLASS int8 GEMM); the caller then composes the operations.
+        g_y pass (with the bias gradient's column sums when asked), the HQ pass over W^T and
+        both CUTLASS GEMMs. None where it cannot run this case exactly as the composed
+        operations would (no extension or registration, a GEMM that would not be a CUTLASS int8
+        GEMM); the caller then composes the operations.
 
 Off under the Triton interpreter, with HOT_FAST_AUTOTUNE=1 (autotuned kernels are not one fixed
 compiled kernel), with HOT_FAST_NATIVE=0, and where the extension or a registration fails;
@@ -140,7 +141,8 @@ def register(p: dict, x: torch.Tensor, stats_k, quant_k, nargs: tuple[int, int])
         g = tuple(grid) + (1,) * (3 - len(grid))
         sw = p["sw"].kw
         _PLANS[key] = [ids[0], ids[1], *g, x.shape[0], x.shape[1], p["c16"], p["lr"], p["l16"] // 16,
-                       p["nh"], p["nl"], p["hq_spad"], p["hla_spad"], int(sw["DO_HQ"]), int(sw["DO_HLA"])]
+                       p["nh"], p["nl"], p["hq_spad"], p["hla_spad"], int(sw["DO_HQ"]), int(sw["DO_HLA"]),
+                       int(p["bsum"])]
 
 
 def _plan(p: dict, x: torch.Tensor):
@@ -148,7 +150,8 @@ def _plan(p: dict, x: torch.Tensor):
 
 
 def quant_pass(x: torch.Tensor, p: dict, hq: Optional[tuple], hla: Optional[tuple]):
-    """hot.fast.quant.gy_pass(x, hq, hla) for plan p in one C++ call, or None (not registered)."""
+    """hot.fast.quant.gy_pass(x, hq, hla, bsum=p["bsum"]) for plan p in one C++ call, as
+    (hq_q, hq_s, hla_q, hla_s, bsum or None); None when the plan is not registered."""
     cp = _plan(p, x)
     if not cp:
         return None
@@ -187,32 +190,48 @@ def _gemm_kind(dev: torch.device, k_gx: int, k_gw: int, qx: torch.Tensor, hq_bit
 
 
 def fused_backward(gy, wt, qx, sx, hq: tuple, hla: tuple, hq_w: tuple, gx_dtype: torch.dtype,
-                   gw_dtype: torch.dtype):
-    """(g_x, g_W) of one layer in one C++ call (module docstring), or None.
+                   gw_dtype: torch.dtype, need_gb: bool = False):
+    """(g_x, g_W, g_b) of one layer in one C++ call (module docstring), or None.
 
     hq = (bits, scale_mode, stochastic, seed) for g_y's HQ operand, hla = (rank, selection, bits,
     scale_mode, stochastic, seed) for its HLA operand, hq_w = HQ of W^T; qx, sx = ABC's saved
     operand. Exactly (int_gemm_nt(q_gy, q_w, s_gy, s_w), int_gemm_nt(q_hla, qx, s_hla, sx)) with
-    (q_gy, s_gy, q_hla, s_hla) = gy_quantize(gy, *hq, *hla) and (q_w, s_w) = hq_quantize(wt, *hq_w)."""
+    (q_gy, s_gy, q_hla, s_hla) = gy_quantize(gy, *hq, *hla) and (q_w, s_w) = hq_quantize(wt, *hq_w).
+    g_b: with need_gb, the column sums of gy in gy's dtype (float32 sums formed by the g_y pass's
+    stats kernel, quant.gy_pass bsum=True), else None (also where the kernel cannot form them).
+
+    The first call for a pair of plans launches them in Python (which registers them) and
+    composes the GEMMs; later calls are one C++ call."""
     if (gy.dtype not in _DT or wt.dtype not in _DT or gx_dtype not in _DT or gw_dtype not in _DT
             or gy.numel() == 0 or wt.numel() == 0 or not hq[0] or not hla[2] or not hq_w[0]
-            or gy.device.type != "cuda" or sx.dtype != torch.float32):
+            or gy.device.type != "cuda" or sx.dtype != torch.float32 or not ENABLED):
         return None
-    pg = quant.plan_for(gy, hq, hla)
+    bsum = need_gb and quant.bsum_capable()
+    pg = quant.plan_for(gy, hq, hla, bsum)
     pw = quant.plan_for(wt, hq_w, None)
-    cg, cw = _plan(pg, gy), _plan(pw, wt)
-    if not cg or not cw:
-        return None
     kind = _gemm_kind(gy.device, pg["c16"], pg["lr"], qx, hq[0])
     if kind is None or qx.shape[1] != pg["lr"] or pw["c16"] != pg["c16"]:
         return None
+    cg, cw = _plan(pg, gy), _plan(pw, wt)
+    if not cg or not cw:
+        if why_off() is not None:
+            return None
+        # This pair of plans has not run yet: launch it in Python (which registers it) and
+        # compose; int_gemm_nt runs the same CUTLASS GEMM (_gemm_kind) as layer_backward would.
+        from .gemm import int_gemm_nt
+
+        outs = quant.gy_pass(gy, hq, hla, bsum)
+        qw, sw, _, _ = quant.gy_pass(wt, hq_w, None)
+        gx = int_gemm_nt(outs[0], qw, outs[1], sw, gx_dtype)
+        gw = int_gemm_nt(outs[2], qx, outs[3], sx, gw_dtype)
+        return gx, gw, (outs[4].to(gy.dtype) if bsum else None)
     from ._ext import result_or_raise
 
     CALLS["fused_backward"] += 1
     dev = gy.device
     amax_g, eg = quant._WS.take(dev, pg["nh"] + pg["nl"] + 1)
     amax_w, ew = quant._WS.take(dev, pw["nh"] + 1)
-    gx, gw = result_or_raise(_module().layer_backward(
+    gx, gw, gb = result_or_raise(_module().layer_backward(
         cg, cw, gy, wt, qx, sx, pg["h16"], pg["t"], pw["t"], amax_g, eg, amax_w, ew,
         quant._key(hq[3]), quant._key(hla[5]), quant._key(hq_w[3]), kind, _DT[gx_dtype], _DT[gw_dtype]))
-    return gx, gw
+    return gx, gw, gb

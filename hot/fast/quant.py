@@ -180,9 +180,17 @@ _WS = _Workspace()
 _PLAN_IDS = itertools.count()
 
 
+def bsum_capable() -> bool:
+    """Whether the stats kernel in use can also form the bias partial sums (gy_pass bsum=True):
+    the v4 kernels with butterfly HLA, on one fixed tile (the sums are per row of tiles)."""
+    v4 = _VARIANTS[QKERNEL_VARIANT]
+    stats_hla = (v4[4] if len(v4) > 3 else v4[1]) if v4 else "dot"
+    return stats_hla == "bfly" and (INTERPRET or not AUTOTUNE or _FIXED is not None)
+
+
 @functools.lru_cache(maxsize=4096)
 def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
-               hq: Optional[tuple], hla: Optional[tuple]):
+               hq: Optional[tuple], hla: Optional[tuple], bsum: bool = False):
     """Everything about a g_y pass that does not depend on the data or the seeds (cached):
     (sizes, matrices, launchers, grid function, constexpr switches of stats and quantize)."""
     c16, l16 = pad_to(c), pad_to(r)
@@ -205,12 +213,15 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
                       (c16 + m["BLOCK_C"] - 1) // m["BLOCK_C"], 1 + split)
     # Every offset a kernel forms (x with its strides, the HQ and HLA codes) below 2^31?
     reach = max(r * c16, c * lr, (r - 1) * abs(sx[0]) + (c - 1) * abs(sx[1]) + 1)
+    if bsum and not (hla is not None and bsum_capable()):
+        raise ValueError("gy_pass(bsum=True) needs the HLA part and a v4 stats kernel with "
+                         f"butterfly HLA on a fixed tile (variant {variant!r})")
     sw = dict(DO_HQ=hq is not None, DO_HLA=hla is not None, HQ_ROW=hq_row, HLA_ROW=hla_row,
-              DOT_DTYPE=_tl_dtype(dname), PREC=prec, RP=rp,
+              DOT_DTYPE=_tl_dtype(dname), PREC=prec, RP=rp, DO_BSUM=bsum,
               IDX64=FORCE_IDX64 or reach + max(c16, l16) >= 1 << 31)
     if v4:
         sw.update(HQ_METHOD=v4[0], HLA_METHOD=v4[1], HLA_PART=int(split), SEL=_sel(rank, selection))
-    qsw = dict(sw, RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
+    qsw = dict({k: v for k, v in sw.items() if k != "DO_BSUM"}, RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
                HQ_STOCH=bool(hq and hq[2]), HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0,
                HLA_STOCH=bool(hla and hla[4]),
                # The spec rounds t * r and v + u separately: no FMA contraction (quant_kernels).
@@ -220,22 +231,23 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
     if tile:  # a fixed tile: the grid is known now
         grid = grid(tile)
     return dict(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, h16=h16, t=t, stats=stats, quant=quant_,
-                uid=next(_PLAN_IDS),
+                uid=next(_PLAN_IDS), bsum=bsum,
                 hq_spad=pad_to(nh, SCALE_PAD), hla_spad=pad_to(nl, SCALE_PAD),
                 grid=grid, sw=Meta(**sw, **tile), qsw=Meta(**qsw, **tile))
 
 
-def plan_for(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]) -> dict:
-    """The cached pass plan of x's shape, strides, dtype and device (hq / hla as in gy_pass)."""
+def plan_for(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple], bsum: bool = False) -> dict:
+    """The cached pass plan of x's shape, strides, dtype and device (hq / hla / bsum as in gy_pass)."""
     r, c = x.shape
     return _pass_plan(r, c, x.stride(), x.dtype, x.device, hq[:3] if hq else None,
-                      hla[:5] if hla else None)
+                      hla[:5] if hla else None, bsum)
 
 
 def pass_args(x: torch.Tensor, p: dict, hq: Optional[tuple], hla: Optional[tuple]):
     """The runtime arguments of one pass over x with plan p: (stats_args, quant_args, outputs),
-    outputs = (hq_q, hq_s, hla_q, hla_s) that quant_args fill (None for a part not asked for).
-    Takes the next epoch of the absmax workspace. Shared by gy_pass and the benchmarks that
+    outputs = (hq_q, hq_s, hla_q, hla_s) that quant_args fill (None for a part not asked for);
+    with a bsum plan, stats_args[_BSUM_ARG] is the (row tiles, C) float32 buffer of the bias
+    partial sums that the stats kernel fills. Takes the next epoch of the absmax workspace. Shared by gy_pass and the benchmarks that
     launch the two kernels separately (benchmarks/gy_pass_breakdown.py, quant_variants.py)."""
     r, c = x.shape
     dev = x.device
@@ -256,25 +268,29 @@ def pass_args(x: torch.Tensor, p: dict, hq: Optional[tuple], hla: Optional[tuple
         hq_q if hq else amax, hq_s if hq else amax, p["c16"], _key(hq[3]) if hq else 0,
         hla_q if hla else amax, hla_s if hla else amax, p["lr"], p["l16"] // BLOCK,
         _key(hla[5]) if hla else 0)
-    return base + (epoch,), quant_args, (hq_q, hq_s, hla_q, hla_s)
+    bsum = torch.empty((p["grid"][0], c), dtype=torch.float32, device=dev) if p["bsum"] else amax
+    return base + (epoch, bsum), quant_args, (hq_q, hq_s, hla_q, hla_s)
 
 
-# Where the varying integers sit in the kernels' argument lists (pass_args' order).
-_EPOCH_ARG, _HQ_KEY_ARG, _HLA_KEY_ARG = 9, 12, 17
+# Where the varying integers and the bias partial sums sit in the kernels' argument lists
+# (pass_args' order).
+_EPOCH_ARG, _BSUM_ARG, _HQ_KEY_ARG, _HLA_KEY_ARG = 9, 10, 12, 17
 
 
-def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
+def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple], bsum: bool = False):
     """Two launches over x (stats, then quantize) for HQ and/or HLA; no memset, no host sync.
 
     hq  = (bits, scale_mode, stochastic, seed)                    -> (q (R, C16), scale)
     hla = (rank, selection, bits, scale_mode, stochastic, seed)   -> (q (C, L16/16*rank), scale)
     Returns (hq_q, hq_s, hla_q, hla_s), None for a part not asked for. Both bits must be > 0.
-    The scales are formed inside quant_kernel.
+    The scales are formed inside quant_kernel. bsum=True (HLA asked for, bsum_capable()) also
+    returns x's column sums in float32 (C,) as a fifth output, summed by the stats kernel per
+    row of tiles and then over those rows: the bias gradient without another read of x.
     """
-    p = plan_for(x, hq, hla)
+    p = plan_for(x, hq, hla, bsum)
     out = native.quant_pass(x, p, hq, hla)  # one C++ call once the plan's kernels are registered
     if out is not None:
-        return out
+        return out if bsum else out[:4]
     stats_args, quant_args, outputs = pass_args(x, p, hq, hla)
     # Launch keys: the plan fixes every shape argument, the matrices and the alignment of the
     # workspace view (a fresh allocation offset by nh entries) and of the fresh outputs. What
@@ -285,7 +301,7 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple]):
     kq = p["quant"](p["grid"], quant_args, p["qsw"], (p["uid"], xa, _spec(quant_args[_HQ_KEY_ARG]),
                                                       _spec(quant_args[_HLA_KEY_ARG])))
     native.register(p, x, ks, kq, (len(stats_args), len(quant_args)))
-    return outputs
+    return outputs + (stats_args[_BSUM_ARG].sum(0),) if bsum else outputs
 
 
 def _tag(q: torch.Tensor, bits: int) -> torch.Tensor:

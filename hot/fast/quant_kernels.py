@@ -178,12 +178,14 @@ def _hla_z(x, t_ptr, BLOCK_R: tl.constexpr, ZR: tl.constexpr, RP: tl.constexpr,
 
 @triton.jit(do_not_specialize=["epoch"])
 def stats_kernel(
-    x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr, epoch,
+    x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr, epoch, bsum_ptr,
     RP: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    DO_BSUM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    # bsum_ptr / DO_BSUM: the v4 kernel's bias partial sums; this variant never forms them.
+    tl.static_assert(not DO_BSUM)
     ZR: tl.constexpr = BLOCK_R // 16 * RP
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)

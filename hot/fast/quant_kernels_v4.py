@@ -169,9 +169,10 @@ def _hq_u_v4(pid_r, pid_c, C16, key, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexp
 @triton.jit
 def _hla_z_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL: tl.constexpr, RANK: tl.constexpr,
               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, IDX64: tl.constexpr):
-    """z (BLOCK_R/16, BLOCK_C, RANK) float32: z[j, c, t] = sum_i T_r[t, i] x[16 j + i, c] over
-    the tile's local blocks j (zero rows past R, zero columns past C), T_r row t being
-    sylvester(16) row n_t / 4 with n_t = (SEL >> 4t) & 15."""
+    """(z, d): z (BLOCK_R/16, BLOCK_C, RANK) float32, z[j, c, t] = sum_i T_r[t, i] x[16 j + i, c]
+    over the tile's local blocks j (zero rows past R, zero columns past C), T_r row t being
+    sylvester(16) row n_t / 4 with n_t = (SEL >> 4t) & 15; d (BLOCK_R/16, BLOCK_C) the unscaled
+    Sylvester row 0, d[j, c] = sum_i x[16 j + i, c] (block sums, for the bias gradient)."""
     NJ: tl.constexpr = BLOCK_R // 16
     jr = pid_r * BLOCK_R + 16 * tl.arange(0, NJ)  # first row of each block
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -185,20 +186,24 @@ def _hla_z_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL: tl.constexpr, RANK: tl.c
     zs = ()
     for t in tl.static_range(RANK):
         zs = zs + (ys[(SEL >> (4 * t)) & 15] * 0.25,)
-    return tl.reshape(_join_last(zs, RANK), (NJ, BLOCK_C, RANK))
+    return tl.reshape(_join_last(zs, RANK), (NJ, BLOCK_C, RANK)), ys[0]
 
 
 @triton.jit(do_not_specialize=["epoch"])
 def stats_kernel_v4(
-    x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr, epoch,
+    x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr, epoch, bsum_ptr,
     RP: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
     HQ_METHOD: tl.constexpr, HLA_METHOD: tl.constexpr, HLA_PART: tl.constexpr, SEL: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    DO_BSUM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """quant_kernels.stats_kernel with the transforms of HQ_METHOD / HLA_METHOD (module doc):
-    the same epoch-tagged atomic max of |t| per scale group."""
+    the same epoch-tagged atomic max of |t| per scale group. DO_BSUM (HLA "bfly" only): also
+    the tile's column sums of x in float32, bsum[pid_r, c] (the bias gradient's partial sums,
+    read from the block sums the HLA butterflies form anyway; one store per column, no atomics,
+    so the sum over pid_r that follows is deterministic)."""
+    tl.static_assert((not DO_BSUM) or (DO_HLA and HLA_METHOD == "bfly"))
     ZR: tl.constexpr = BLOCK_R // 16 * RP
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -216,8 +221,11 @@ def stats_kernel_v4(
         if part == HLA_PART:
             cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
             if HLA_METHOD == "bfly":
-                z = _hla_z_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RP, BLOCK_R, BLOCK_C, IDX64)
+                z, d = _hla_z_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RP, BLOCK_R, BLOCK_C,
+                                 IDX64)
                 a = tl.max(tl.max(_abs_bits(z), axis=2), axis=0)
+                if DO_BSUM:
+                    tl.store(bsum_ptr + pid_r * C + cols, tl.sum(d, axis=0), mask=cols < C)
             else:
                 rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
                 x = tl.load(x_ptr + _idx(rows[:, None], IDX64) * sxr + _idx(cols[None, :], IDX64) * sxc,
@@ -304,8 +312,8 @@ def quant_kernel_v4(
             key = hla_key.to(tl.uint32, bitcast=True)
             if HLA_METHOD == "bfly":
                 # Code (block jb, coefficient t) of column c sits at c * LR + jb * RANK + t.
-                z = _hla_z_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C,
-                              IDX64)
+                z, _ = _hla_z_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C,
+                                 IDX64)
                 if HLA_ROW:
                     v = z * r[None, :, None]
                 else:

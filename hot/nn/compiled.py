@@ -239,9 +239,10 @@ def layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[
     plan = LayerPlan(layer.hot_config, layer._backend_for(gy2d.device), exact, seq, 0)
     saved = (saved0,) if exact else (saved0, saved1)
     with no_autocast(gy2d.device.type):
-        gx, gw = hot_backward(layer, plan, gy2d, w2d, saved if need_gw else (), need_gx,
-                              need_gw, ops._DTYPES[x_dtype], ops._DTYPES[w_dtype])
-    gb = gy2d.sum(0) if need_gb else _empty(gy2d)
+        gx, gw, gb = hot_backward(layer, plan, gy2d, w2d, saved if need_gw else (), need_gx,
+                                  need_gw, ops._DTYPES[x_dtype], ops._DTYPES[w_dtype], need_gb)
+    if gb is None:
+        gb = gy2d.sum(0) if need_gb else _empty(gy2d)
     return (gx.contiguous() if gx is not None else _empty(gy2d),
             gw.contiguous() if gw is not None else _empty(gy2d), gb)
 

@@ -65,8 +65,10 @@ def abc_save(plan: LayerPlan, x2d: torch.Tensor):
 
 
 def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx: bool,
-                 need_gw: bool, x_dtype: torch.dtype, w_dtype: torch.dtype):
-    """(g_x as L x I, g_W as O x I); either is None when not needed."""
+                 need_gw: bool, x_dtype: torch.dtype, w_dtype: torch.dtype, need_gb: bool = False):
+    """(g_x as L x I, g_W as O x I, g_b); g_x / g_W are None when not needed. g_b = sum of g_y
+    over tokens when need_gb and the backend's one-call backward formed it, else None (the
+    caller sums g_y itself)."""
     bp = begin_backward(layer, plan, gy2d)
     gx = gw = None
     hq, h = plan.config.hq, plan.config.hla
@@ -80,7 +82,7 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx
             # By definition the composition below (hot.common.ops, fused_backward), or None.
             qx, sx = saved
             out = one_call(gy2d, w2d.t(), qx, sx, gy_args, (*_hla_args(h), bp.seed_hla), w_args,
-                           x_dtype, w_dtype)
+                           x_dtype, w_dtype, need_gb)
             if out is not None:
                 return out
         # Both paths quantize the same g_y: one fused pass (ops.gy_quantize is by definition the
@@ -109,7 +111,7 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d, saved, need_gx
             else:
                 qg, sg = op.hla_quantize(gy_hla, *_hla_args(h), bp.seed_hla, plan.backend)
             gw = op.int_gemm_nt(qg, qx, sg, sx, dtype_name(w_dtype), plan.backend)
-    return gx, gw
+    return gx, gw, None
 
 
 class HOTLinearFunction(torch.autograd.Function):
@@ -132,11 +134,13 @@ class HOTLinearFunction(torch.autograd.Function):
         t = ctx.saved_tensors
         saved, w = t[: ctx.n_saved], (t[ctx.n_saved] if need_gx else None)
         gy2d = gy.reshape(-1, gy.shape[-1])
-        gx, gw = hot_backward(ctx.layer, ctx.plan, gy2d, w, saved, need_gx, need_gw,
-                              ctx.x_dtype, ctx.w_dtype)
+        need_gb = ctx.has_bias and need_gb
+        gx, gw, gb = hot_backward(ctx.layer, ctx.plan, gy2d, w, saved, need_gx, need_gw,
+                                  ctx.x_dtype, ctx.w_dtype, need_gb)
         if gx is not None:
             gx = gx.reshape(ctx.x_shape)
-        gb = gy2d.sum(0) if (ctx.has_bias and need_gb) else None
+        if need_gb and gb is None:
+            gb = gy2d.sum(0)
         return gx, gw, gb, None, None
 
 
@@ -187,8 +191,9 @@ class HOTConv2dFunction(torch.autograd.Function):
         w = t[ctx.n_saved].reshape(ctx.w_shape[0], -1) if need_gx else None
         o = gy.shape[1]
         gy2d = gy.permute(0, 2, 3, 1).reshape(-1, o)
-        gx, gw = hot_backward(ctx.layer, ctx.plan, gy2d, w, saved, need_gx, need_gw,
-                              ctx.x_dtype, ctx.w_dtype)
+        need_gb = ctx.has_bias and need_gb
+        gx, gw, gb = hot_backward(ctx.layer, ctx.plan, gy2d, w, saved, need_gx, need_gw,
+                                  ctx.x_dtype, ctx.w_dtype, need_gb)
         if gx is not None:
             b = ctx.x_shape[0]
             gx = gx.reshape(b, -1, gx.shape[1]).transpose(1, 2)
@@ -196,5 +201,6 @@ class HOTConv2dFunction(torch.autograd.Function):
             gx = F.fold(gx, ctx.x_shape[-2:], ctx.w_shape[-2:], dilation, padding, stride)
         if gw is not None:
             gw = gw.reshape(ctx.w_shape)
-        gb = gy2d.sum(0) if (ctx.has_bias and need_gb) else None
+        if need_gb and gb is None:
+            gb = gy2d.sum(0)
         return gx, gw, gb, None, None, None

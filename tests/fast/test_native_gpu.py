@@ -118,8 +118,25 @@ def test_fused_backward_equals_composed(ext, gdt, wdt, mode, monkeypatch):
         want = (gemm.int_gemm_nt(q1, qw, s1, sw, gdt), gemm.int_gemm_nt(q2, qx, s2, sx, wdt))
     fq.gy_quantize(gy, *hq, *hla)  # registers (the plan's first pass with native launches on)
     fq.hq_quantize(w.t(), *hq_w)
+    before = native.CALLS["fused_backward"]
     out = native.fused_backward(*args)
-    assert out is not None, f"fused_backward did not run natively: {native.why_off()}"
+    assert out is not None and native.CALLS["fused_backward"] == before + 1, \
+        f"fused_backward did not run natively: {native.why_off()}"
+    assert out[2] is None  # no bias gradient asked for
+    # With the bias gradient: the first call launches the bsum plan in Python (registering it),
+    # the second is one C++ call; both give the composed g_x and g_W, and the same g_b bits
+    # (the same stats-kernel partial sums, summed by the same ATen op).
+    first = native.fused_backward(*args, need_gb=True)
+    second = native.fused_backward(*args, need_gb=True)
+    assert native.CALLS["fused_backward"] == before + 2
+    _same(first[:2], want, "fused_backward need_gb, Python launches")
+    _same(second, first, "fused_backward need_gb, native vs Python launches")
+    exact = gy.double().sum(0)
+    # float32 sums of 1056 terms (relative error <= 1056 * 2^-24 of sum |g|, ~6e-5) rounded once
+    # to gdt: within one ulp of gdt (2^-7 relative for bf16, 2^-10 for fp16) plus that sum error.
+    ulp = 2.0**-7 if gdt == torch.bfloat16 else 2.0**-10
+    bound = ulp * exact.abs() + 1056 * 2.0**-24 * gy.double().abs().sum(0)
+    assert second[2].dtype == gdt and bool(((second[2].double() - exact).abs() <= bound).all())
     _same(out, want, f"fused_backward {gdt} {wdt} {mode}")
     # L = 1040 gives K = 520 for g_W, which int_gemm_nt runs on the Triton GEMM (CUTLASS needs
     # K % 16 == 0): not one native call, so fused_backward declines and the caller composes.
@@ -160,9 +177,18 @@ def test_layer_gradients_native_equal_python(ext, monkeypatch):
     # 2 layers x 3 steps; the first backward of each layer registers its plans in Python.
     assert native.CALLS["fused_backward"] - before >= 4, f"not native: {native.why_off()}"
     off = run(False)
+    names = [n for n, _ in torch.nn.Sequential(torch.nn.Linear(96, 160), torch.nn.GELU(),
+                                               torch.nn.Linear(160, 48)).named_parameters()] + ["x"]
     for s, (a, b) in enumerate(zip(on, off)):
-        for i, (u, v) in enumerate(zip(a, b)):
-            assert torch.equal(u, v), f"step {s} parameter {i}: {(u != v).sum().item()} entries differ"
+        for n, u, v in zip(names, a, b):
+            if n.endswith("bias"):
+                # Native: float32 sums of the bf16 g_y formed by the stats kernel; off: sum(0).
+                # Both are float32 sums of the same values (relative difference ~n * 2^-24,
+                # far below bf16's 2^-8) rounded once to bf16: at most one bf16 ulp apart,
+                # 2^-7 relative.
+                torch.testing.assert_close(u, v, rtol=2.0**-7, atol=1e-30, msg=f"step {s} {n}")
+            else:
+                assert torch.equal(u, v), f"step {s} {n}: {(u != v).sum().item()} entries differ"
 
 
 def test_failed_registration_falls_back_and_says_why(ext, monkeypatch):

@@ -197,6 +197,7 @@ def test_launch_key_indexes_name_the_varying_arguments(variant, monkeypatch):
         else:
             from hot.fast.quant_kernels_v4 import quant_kernel_v4 as qk, stats_kernel_v4 as sk
         assert sk.arg_names[fq._EPOCH_ARG] == "epoch"
+        assert sk.arg_names[fq._BSUM_ARG] == "bsum_ptr"
         assert qk.arg_names[fq._HQ_KEY_ARG] == "hq_key"
         assert qk.arg_names[fq._HLA_KEY_ARG] == "hla_key"
         x = _x((20, 24), torch.float32, 1)
@@ -297,3 +298,24 @@ def test_tiny_groups_flush_like_the_reference(stochastic):
         out = _run_variant(variant, x, hq, hla)
         for a, b in zip(out, want):
             assert torch.equal(a.cpu(), b.cpu()), variant
+
+
+@pytest.mark.parametrize("shape", [(37, 50), (64, 64), (130, 17)])
+def test_bias_sums_from_the_stats_kernel(shape):
+    """gy_pass(bsum=True): the column sums the stats kernel forms (the bias gradient) against a
+    float64 sum, and the same codes and scales as without them. Bound: a float32 sum of n
+    terms in any order is within (n - 1) * 2^-24 * sum |x| of the exact sum (each addition
+    rounds once, relative error <= 2^-24); n = rows, plus 2^-24 * |sum| for the final rounding."""
+    if not fq.bsum_capable():
+        pytest.skip(f"variant {fq.QKERNEL_VARIANT!r} has no bias sums")
+    x = _x(shape, torch.bfloat16, 7)
+    hq, hla = (4, "row", True, 11), (8, "lowpass", 8, "row", True, 12)
+    *codes, colsum = fq.gy_pass(x, hq, hla, bsum=True)
+    exact = x.double().sum(0)
+    bound = (shape[0] - 1) * 2.0**-24 * x.double().abs().sum(0) + 2.0**-24 * exact.abs()
+    assert colsum.dtype == torch.float32 and colsum.shape == (shape[1],)
+    assert bool(((colsum.double() - exact).abs() <= bound).all())
+    for a, b in zip(codes, fq.gy_pass(x, hq, hla)):
+        assert torch.equal(a, b)  # the sums change no code and no scale
+    with pytest.raises(ValueError, match="bsum"):
+        fq.gy_pass(x, hq, None, bsum=True)  # the sums come from the HLA part
