@@ -136,6 +136,28 @@ def _scale(amax_tagged, QMAX: tl.constexpr):
 
 
 @triton.jit
+def _group_recip(amax_ptr, s_ptr, idx, mask, pid_r, pid_c, PER_GROUP: tl.constexpr,
+                 ALONG_ROWS: tl.constexpr, QMAX: tl.constexpr):
+    """1 / scale of the tile's scale groups (_recip of _scale of the tagged absmax), writing the
+    scales out once: per group (groups ``idx`` along the tile's rows if ALONG_ROWS, else its
+    columns) by the tiles of the first tile column (resp. row), per tensor (a scalar) by tile
+    (0, 0). One return statement (see _idx)."""
+    if PER_GROUP:
+        s = _scale(tl.load(amax_ptr + idx, mask=mask, other=0), QMAX)
+        if ALONG_ROWS:
+            writes = pid_c == 0
+        else:
+            writes = pid_r == 0
+        if writes:
+            tl.store(s_ptr + idx, s, mask=mask)
+    else:
+        s = _scale(tl.load(amax_ptr), QMAX)
+        if (pid_r == 0) & (pid_c == 0):
+            tl.store(s_ptr, s)
+    return _recip(s)
+
+
+@triton.jit
 def _idx(v, IDX64: tl.constexpr):
     # Offsets in int64 only where a tensor can pass 2^31 elements: int32 index math is cheaper.
     # One return statement: triton 3.6 rejects differently typed returns even under a constexpr if.
@@ -237,16 +259,11 @@ def quant_kernel(
     rmask = rows < R
     if DO_HQ:
         t = _hq_t(x, hb_ptr, BLOCK_C, DOT_DTYPE, PREC)
+        r = _group_recip(hq_amax_ptr, hq_s_ptr, rows, rmask, pid_r, pid_c, HQ_ROW, True, HQ_QMAX)
         if HQ_ROW:
-            s = _scale(tl.load(hq_amax_ptr + rows, mask=rmask, other=0), HQ_QMAX)
-            if pid_c == 0:
-                tl.store(hq_s_ptr + rows, s, mask=rmask)
-            v = t * _recip(s)[:, None]
+            v = t * r[:, None]
         else:
-            s = _scale(tl.load(hq_amax_ptr), HQ_QMAX)
-            if (pid_r == 0) & (pid_c == 0):
-                tl.store(hq_s_ptr, s)
-            v = t * _recip(s)
+            v = t * r
         if HQ_STOCH:
             u = _hq_u_tile(rows, pid_c, C16, hq_key.to(tl.uint32, bitcast=True), BLOCK_R,
                            BLOCK_C, IDX64)
@@ -258,16 +275,12 @@ def quant_kernel(
     if DO_HLA:
         cmask = cols < C
         z = _hla_z(x, tb_ptr, BLOCK_R, ZR, RP, DOT_DTYPE, PREC)  # (ZR, BLOCK_C)
+        r = _group_recip(hla_amax_ptr, hla_s_ptr, cols, cmask, pid_r, pid_c, HLA_ROW, False,
+                         HLA_QMAX)
         if HLA_ROW:
-            s = _scale(tl.load(hla_amax_ptr + cols, mask=cmask, other=0), HLA_QMAX)
-            if pid_r == 0:
-                tl.store(hla_s_ptr + cols, s, mask=cmask)
-            v = z * _recip(s)[None, :]
+            v = z * r[None, :]
         else:
-            s = _scale(tl.load(hla_amax_ptr), HLA_QMAX)
-            if (pid_r == 0) & (pid_c == 0):
-                tl.store(hla_s_ptr, s)
-            v = z * _recip(s)
+            v = z * r
         # Every rank hla_rows accepts is a power of two, so T has no padding rows (RP == RANK)
         # and the tile's codes of one column are ZR consecutive bytes: code (block jb, row tk)
         # sits at jb * RANK + tk == pid_r * ZR + k. Written as such, the compiler sees the

@@ -47,7 +47,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .quant_kernels import (_abs_bits, _hla_z, _hq_u_tile, _idx, _recip, _round, _scale, _tagged,
+from .quant_kernels import (_abs_bits, _group_recip, _hla_z, _hq_u_tile, _idx, _round, _tagged,
                             _u_at, _u_pairs_last)
 
 
@@ -278,16 +278,12 @@ def quant_kernel_v4(
             t, rows, cols = _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, hb_ptr, BLOCK_R,
                                      BLOCK_C, HQ_METHOD, DOT_DTYPE, PREC, IDX64)
             rmask = rows < R
+            r = _group_recip(hq_amax_ptr, hq_s_ptr, rows, rmask, pid_r, pid_c, HQ_ROW, True,
+                             HQ_QMAX)
             if HQ_ROW:
-                s = _scale(tl.load(hq_amax_ptr + rows, mask=rmask, other=0), HQ_QMAX)
-                if pid_c == 0:
-                    tl.store(hq_s_ptr + rows, s, mask=rmask)
-                v = t * _recip(s)[:, None]
+                v = t * r[:, None]
             else:
-                s = _scale(tl.load(hq_amax_ptr), HQ_QMAX)
-                if (pid_r == 0) & (pid_c == 0):
-                    tl.store(hq_s_ptr, s)
-                v = t * _recip(s)
+                v = t * r
             if HQ_STOCH:
                 u = _hq_u_v4(pid_r, pid_c, C16, hq_key.to(tl.uint32, bitcast=True), BLOCK_R,
                              BLOCK_C, HQ_METHOD, IDX64)
@@ -300,15 +296,8 @@ def quant_kernel_v4(
         if part == HLA_PART:
             cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
             cmask = cols < C
-            if HLA_ROW:
-                s = _scale(tl.load(hla_amax_ptr + cols, mask=cmask, other=0), HLA_QMAX)
-                if pid_r == 0:
-                    tl.store(hla_s_ptr + cols, s, mask=cmask)
-            else:
-                s = _scale(tl.load(hla_amax_ptr), HLA_QMAX)
-                if (pid_r == 0) & (pid_c == 0):
-                    tl.store(hla_s_ptr, s)
-            r = _recip(s)
+            r = _group_recip(hla_amax_ptr, hla_s_ptr, cols, cmask, pid_r, pid_c, HLA_ROW, False,
+                             HLA_QMAX)
             key = hla_key.to(tl.uint32, bitcast=True)
             if HLA_METHOD == "bfly":
                 # Code (block jb, coefficient t) of column c sits at c * LR + jb * RANK + t.
