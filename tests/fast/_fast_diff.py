@@ -14,8 +14,22 @@ from __future__ import annotations
 import torch
 
 from hot.common import quant
+from hot.fast import quant as fq
 
 EPS32 = 2.0 ** -23
+
+
+def run_variant(variant, x, hq, hla):
+    """(hq_q, hq_s, hla_q, hla_s) of one fused pass with quantize-kernel variant ``variant``
+    (the plan cache is cleared around it, so the variant's own kernels run)."""
+    old = fq.QKERNEL_VARIANT
+    fq.QKERNEL_VARIANT = variant
+    fq._pass_plan.cache_clear()
+    try:
+        return fq.gy_pass(x, hq, hla)
+    finally:
+        fq.QKERNEL_VARIANT = old
+        fq._pass_plan.cache_clear()
 
 
 def check_codes(q_fast, s_fast, q_ref, s_ref, t_ref, bits, stochastic, seed, max_frac=1e-3,

@@ -1,7 +1,7 @@
 """The CUTLASS kernels of csrc/ on a GPU, against exact integer math on the CPU.
 
 Run on an H100/H200 (or an Ampere card) with `pytest -m gpu tests/fast/test_csrc_gpu.py`. The
-module fixture loads hot.fast._C through hot.fast._ext (the prebuilt module, else one compiled now
+module fixture `ext` (tests/fast/conftest.py) loads hot.fast._C through hot.fast._ext (the prebuilt module, else one compiled now
 for the visible GPU: about a minute or two; set TORCH_CUDA_ARCH_LIST to override), so a missing
 build fails loudly instead of skipping. The kernels are called through the _ext wrappers, which
 turn the raw module's (result, err) returns into results or exceptions.
@@ -27,19 +27,6 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (M, N): single rows, sizes far below one tile, around and above the 128x256 tiles, N not a
 # multiple of 16 (padded internally).
 SHAPES = [(1, 16), (37, 53), (130, 300), (257, 129), (512, 256)]
-
-
-@pytest.fixture(scope="module")
-def ext():
-    """hot.fast._ext with its module loaded (HOT_JIT_BUILD=1: JIT-built when not prebuilt)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HOT_JIT_BUILD", "1")
-        mp.setattr(_ext, "_STATE", {})  # an earlier load() may have cached None without JIT
-        if _ext.load() is None:
-            pytest.fail(f"hot.fast._C did not load: {_ext.why_unavailable()}")
-        yield _ext
 
 
 def _cap():

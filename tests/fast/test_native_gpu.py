@@ -1,7 +1,7 @@
 """Native launches (hot.fast.native, csrc/triton_launch.h) against the Python launches, on a GPU.
 
-Run with `pytest -m gpu tests/fast/test_native_gpu.py` on an H100/H200 (the extension is loaded as
-in test_csrc_gpu.py). The native path builds the same kernel arguments in C++ and must give the
+Run with `pytest -m gpu tests/fast/test_native_gpu.py` on an H100/H200 (the extension is loaded by
+the `ext` fixture of tests/fast/conftest.py). The native path builds the same kernel arguments in C++ and must give the
 very same outputs: every code and scale is a deterministic function of the input, the seeds and
 the element index, so the expected bound is bitwise equality, not a tolerance.
 """
@@ -11,26 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hot.fast import _ext, native
+from hot.fast import native
 from hot.fast import quant as fq
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def ext():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HOT_JIT_BUILD", "1")
-        mp.setattr(_ext, "_STATE", {})
-        if _ext.load() is None:
-            pytest.fail(f"hot.fast._C did not load: {_ext.why_unavailable()}")
-        from hot.fast import gemm
-
-        gemm._ext.cache_clear()
-        gemm._ext_caps.cache_clear()
-        yield _ext
 
 
 def _python_pass(x, hq, hla, monkeypatch):

@@ -14,7 +14,7 @@ from hot.fast import arch
 from hot.fast import quant as fq
 from hot.reference import ops as ref
 
-from _fast_diff import DEVICE, EPS32, check_codes, x_with_product_near
+from _fast_diff import DEVICE, EPS32, check_codes, run_variant, x_with_product_near
 
 shapes = st.tuples(st.integers(1, 70), st.integers(1, 70))
 bits_s = st.sampled_from([4, 8])
@@ -227,18 +227,7 @@ def _exact_case(x_c, d, seed, stochastic):
     assert torch.equal(ref.hq_transform(x)[0, :16].cpu(), torch.full((16,), x_c))
     assert torch.equal(ref.hla_transform(x, 4, "lowpass")[0, :4].cpu(), torch.full((4,), x_c))
     assert want[1][0].item() == d and want[3][0].item() == d
-    return want, {v: _run_variant(v, x, hq, hla) for v in arch.QKERNELS}
-
-
-def _run_variant(variant, x, hq, hla):
-    old = fq.QKERNEL_VARIANT
-    fq.QKERNEL_VARIANT = variant
-    fq._pass_plan.cache_clear()
-    try:
-        return fq.gy_pass(x, hq, hla)
-    finally:
-        fq.QKERNEL_VARIANT = old
-        fq._pass_plan.cache_clear()
+    return want, {v: run_variant(v, x, hq, hla) for v in arch.QKERNELS}
 
 
 def test_epilogue_is_not_contracted_stochastic():
@@ -295,7 +284,7 @@ def test_tiny_groups_flush_like_the_reference(stochastic):
     assert (want[2][0] == 0).all() and want[3][0].item() == tiny_scale
     assert (want[2][1, 4:8].abs() == 7).all()
     for variant in arch.QKERNELS:
-        out = _run_variant(variant, x, hq, hla)
+        out = run_variant(variant, x, hq, hla)
         for a, b in zip(out, want):
             assert torch.equal(a.cpu(), b.cpu()), variant
 

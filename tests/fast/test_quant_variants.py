@@ -18,7 +18,7 @@ from hot.fast import arch
 from hot.fast import quant as fq
 from hot.reference import ops as ref
 
-from _fast_diff import DEVICE, EPS32, check_codes
+from _fast_diff import DEVICE, EPS32, check_codes, run_variant
 
 VARIANTS = [v for v in arch.QKERNELS if v != "dot"]
 
@@ -47,24 +47,12 @@ def _x(shape, dtype, transposed, seed):
     return x.t().contiguous().t() if transposed else x  # same values, column-major strides
 
 
-def _run(variant, x, hq, hla):
-    """(hq_q, hq_s, hla_q, hla_s) of one fused pass with the given variant."""
-    old = fq.QKERNEL_VARIANT
-    fq.QKERNEL_VARIANT = variant
-    fq._pass_plan.cache_clear()
-    try:
-        return fq.gy_pass(x, hq, hla)
-    finally:
-        fq.QKERNEL_VARIANT = old
-        fq._pass_plan.cache_clear()
-
-
 _DOT: dict = {}
 
 
 def _dot(i, x, hq, hla):
     if i not in _DOT:
-        _DOT[i] = _run("dot", x, hq, hla)
+        _DOT[i] = run_variant("dot", x, hq, hla)
     return _DOT[i]
 
 
@@ -80,7 +68,7 @@ def test_variant_matches_reference_and_dot(variant):
     flips = 0
     for i, (shape, dtype, tr, hq, hla) in enumerate(CASES):
         x = _x(shape, dtype, tr, i)
-        out = _run(variant, x, hq, hla)
+        out = run_variant(variant, x, hq, hla)
         dot = _dot(i, x, hq, hla)
         if hq:
             with quant.hash_rng():
@@ -112,7 +100,7 @@ def test_butterflies_keep_inf_in_its_block(variant):
     x[5, 7] = float("nan")
     x[9, 20] = float("inf")
     x = x.to(DEVICE)
-    q, s, qh, sh = _run(variant, x, (4, "row", True, 1), (8, "lowpass", 8, "row", False, 0))
+    q, s, qh, sh = run_variant(variant, x, (4, "row", True, 1), (8, "lowpass", 8, "row", False, 0))
     qr, sr = ref.hq_quantize(x, 4, "row", True, 1)
     qhr, shr = ref.hla_quantize(x, 8, "lowpass", 8, "row", False, 0)
     for a, b in ((s, sr), (sh, shr)):
