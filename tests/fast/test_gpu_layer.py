@@ -39,6 +39,18 @@ def _one_tile():
     fq._FIXED = old
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _composed_operations():
+    # These tests compare the backends operation by operation, so the fast backward must run as
+    # the composed operations: its one-call native path (hot.fast.native) bypasses them and is
+    # compared with them bit for bit in tests/fast/test_native_gpu.py.
+    from hot.fast import native
+
+    old, native.ENABLED = native.ENABLED, False
+    yield
+    native.ENABLED = old
+
+
 _OPS = ("hq_quantize", "hla_quantize", "gy_quantize", "int_gemm_nt")
 
 
