@@ -3,6 +3,7 @@ every rank, and ranks draw different rounding noise (so it averages out in the a
 FSDP2 (fully_shard) trains HOT layers with sharded parameters and, with exact gradients, gives
 the same parameters as one process on both ranks' data."""
 
+import faulthandler
 import os
 import socket
 
@@ -25,8 +26,22 @@ def _run_two_ranks(worker) -> dict:
     """``worker(rank, 2, port, out)`` on two spawned processes; what rank 0 put in ``out``."""
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(worker, args=(2, _free_port(), out), nprocs=2, join=True)
+        mp.spawn(_traced, args=(worker, 2, _free_port(), out), nprocs=2, join=True)
         return dict(out)
+
+
+def _traced(rank: int, worker, world: int, port: int, out: dict):
+    # A worker killed by a signal (one CI run saw SIGABRT, "terminate called without an active
+    # exception", not reproduced since) leaves no Python traceback of its own; this prints where
+    # each thread was.
+    faulthandler.enable(all_threads=True)
+    worker(rank, world, port, out)
+
+
+def _finish():
+    """Wait for the other rank before the group is destroyed, so that no rank tears it down while
+    its peer still talks to it (callers first drop what holds the group, such as a DDP reducer)."""
+    dist.barrier()
 
 
 def _worker(rank: int, world: int, port: int, out: dict):
@@ -66,6 +81,8 @@ def _worker(rank: int, world: int, port: int, out: dict):
             out["lqs_equal"] = all(torch.equal(lqs_all[0], t) for t in lqs_all)
             out["params_equal"] = all(torch.equal(flats[0], t) for t in flats)
             out["finite"] = bool(torch.isfinite(flat).all())
+        del ddp, opt
+        _finish()
     finally:
         dist.destroy_process_group()
 
@@ -114,6 +131,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: dict):
             lqs = [m.hot_lqs_value() for _, m in hot.hot_layers(net)]
             if rank == 0:
                 out[name] = (full, lqs, [m.hot_step_value() for _, m in hot.hot_layers(net)])
+        _finish()
     finally:
         dist.destroy_process_group()
 
