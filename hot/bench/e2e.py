@@ -4,10 +4,14 @@ each with and without torch.compile. Median step time over timed steps after war
 events) and peak allocated memory.
 
     python -m hot.bench.e2e [--modes bf16,bf16_compile,hot,hot_compile,hot_ref,hot_exact,
-                                     bf16_compile_ro,hot_compile_ro] [--json out.json]
+                                     bf16_compile_ro,hot_compile_ro,bf16_compile_rc,
+                                     hot_compile_rc] [--json out.json]
                             [--profile]
 
 *_compile_ro compiles with mode="reduce-overhead" (CUDA graphs, HOT's ops outside them).
+*_compile_rc compiles with torch._functorch.config.ban_recompute_materialized_backward = False
+(the partitioner may recompute tensors that backward materializes); hot_compile_rc also sets
+HLAConfig(abc="recompute"), so the HOT layers keep nothing of their own.
 hot_ref runs HOT on the reference backend inside quant.hash_rng() (the fast kernels' random
 stream, so it is the same computation up to rare flipped codes); hot_exact runs the HOT layers
 with HOTConfig.exact() (exact gradients through the same wrappers). Every mode records the loss of
@@ -35,6 +39,8 @@ def _model(mode: str):
         import hot
 
         cfg = hot.HOTConfig.exact() if mode.startswith("hot_exact") else hot.HOTConfig(seed=0)
+        if mode.endswith("_rc"):
+            cfg = cfg.replace(hla={"abc": "recompute"})
         hot.convert(m, cfg, backend="reference" if mode.startswith("hot_ref") else "fast")
     return m
 
@@ -64,12 +70,23 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
               profile: bool = False) -> dict:
     import contextlib
 
+    import torch._functorch.config as fc
+
+    # The flag is read when a graph is compiled (warm-up); restored for the modes after this one.
+    with fc.patch(ban_recompute_materialized_backward=False) if mode.endswith("_rc") \
+            else contextlib.nullcontext():
+        return _step_time(mode, batch, warmup, steps, profile)
+
+
+def _step_time(mode: str, batch: int, warmup: int, steps: int, profile: bool) -> dict:
+    import contextlib
+
     from hot.common import quant
 
     hot_on = mode.startswith("hot")
     m = _model(mode)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
-    compiled = mode.endswith(("compile", "compile_ro"))
+    compiled = mode.endswith(("compile", "compile_ro", "compile_rc"))
     if compiled:
         import torch._dynamo.utils as du
 

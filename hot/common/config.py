@@ -81,6 +81,13 @@ class HLAConfig:
     bits: 8 (paper) or 4; None = no quantization.
     scale: "channel" = per output channel for T g_y and per input channel for T x; or "tensor".
     rounding: "stochastic" or "nearest", for both operands (T g_y and the saved T x).
+    abc: "save" (paper) = the forward keeps the int8 codes of T x; "recompute" = the forward
+        keeps x itself and backward forms the same codes with the same seed (so the same g_W).
+        Under torch.compile with ``torch._functorch.config.ban_recompute_materialized_backward
+        = False`` the compiler then rebuilds x in backward from tensors other operations keep
+        anyway (a LayerNorm's input, an attention output, a pre-activation) instead of saving
+        it, so a HOT linear layer keeps nothing of its own (docs/performance.md, memory). In
+        eager mode it keeps more (x instead of its codes). HOTConv2d always saves its codes.
     """
 
     rank: int = 8
@@ -89,6 +96,7 @@ class HLAConfig:
     bits: Optional[int] = 8
     scale: str = "channel"
     rounding: str = "stochastic"
+    abc: str = "save"
 
     def __post_init__(self) -> None:
         if self.rank not in VALID_RANKS:
@@ -101,6 +109,7 @@ class HLAConfig:
         _check_bits("HLAConfig.bits", self.bits)
         _check_choice("HLAConfig.scale", self.scale, ("channel", "tensor"))
         _check_choice("HLAConfig.rounding", self.rounding, ("stochastic", "nearest"))
+        _check_choice("HLAConfig.abc", self.abc, ("save", "recompute"))
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,17 @@ LQS), which a traced graph would freeze into constants. So the HOT work is hidde
 torch.library custom ops whose Python implementations read that state at run time, exactly as
 the eager path does (``make_plan``, ``abc_save``, ``hot_backward``: no duplicated math):
 
-    hot::linear_fwd(x2d, W, b, key, need_gx, need_gw, exact, seq, rank, bits, row)
-        -> (y2d = x2d W^T + b, q_x, s_x)     q_x, s_x = the ABC copy (empty when not kept)
+    hot::linear_fwd(x2d, W, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute)
+        -> (y2d = x2d W^T + b, q_x, s_x)     q_x, s_x = the ABC copy (empty when not kept);
+                                             with recompute: (y2d, empty, the ABC seed as a
+                                             CPU int64), x2d is kept instead
     hot::conv_fwd(x, W, b, key, stride, padding, dilation, <same flags>)
         -> (y = conv2d(x, W, b), q_x, s_x)   ABC of the unfolded patches (or the patches
                                              themselves while exact)
     hot::layer_bwd(g_y2d, W2d, saved0, saved1, key, exact, seq, need_gx, need_gw, need_gb,
-                  in_features, x_dtype, w_dtype) -> (g_x2d, g_W2d, g_b)   (empty when not needed)
+                  in_features, x_dtype, w_dtype, recompute)
+        -> (g_x2d, g_W2d, g_b)   (empty when not needed; with recompute, saved0 = x2d and
+                                  saved1 = the seed: the ABC copy is formed here)
 
 The forward ops carry their backward through torch.library.register_autograd; reshapes and
 F.fold stay in the traced graph. The bias gradient (sum of g_y over tokens) is computed inside
@@ -32,6 +36,10 @@ instead of computing with the wrong plan.
 
 Ops that are not ATen builtins are never recomputed in backward by AOT autograd's partitioner,
 so each forward op runs once per call (its seed draw and ABC happen once, as in eager mode).
+With HLAConfig.abc == "recompute" the forward op keeps x2d, a plain tensor the partitioner may
+rebuild in backward from what other ops keep (when ``torch._functorch.config.
+ban_recompute_materialized_backward`` is False) rather than save; the seed drawn in forward
+travels as a CPU tensor, so the codes equal eager mode's.
 The ops are tagged cudagraph_unsafe: a CUDA graph would replay their kernels with the seeds of
 the captured step and skip the host-side state updates (mode="reduce-overhead" then runs them
 outside the CUDA graphs).
@@ -79,18 +87,26 @@ def _empty(t: torch.Tensor) -> torch.Tensor:
 
 
 def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: int,
-               row: bool) -> LayerPlan:
-    """make_plan as in eager mode (draws the ABC seed), after checking the traced constants."""
+               row: bool, recompute: Optional[bool] = None) -> LayerPlan:
+    """make_plan as in eager mode (draws the ABC seed), after checking the traced constants
+    (``recompute`` None: the op always saves its codes, as HOTConv2d does)."""
     cfg = layer.hot_config
     plan = make_plan(layer, cfg, layer._backend_for(x.device), seq)
     h = cfg.hla
-    live = (plan.exact, h.rank, h.bits or 0, h.scale == "channel")
-    if live != (exact, rank, bits, row):
+    live = (plan.exact, h.rank, h.bits or 0, h.scale == "channel",
+            (h.abc == "recompute") if recompute is not None else None)
+    if live != (exact, rank, bits, row, recompute):
         raise RuntimeError(
             f"HOT layer {layer.hot_name!r}: the compiled graph was traced for (exact, rank, bits, "
-            f"per-channel scale) = {(exact, rank, bits, row)} but the layer now has {live}; "
-            f"this is a missing recompile: call torch._dynamo.reset() and compile again.")
+            f"per-channel scale, ABC recompute) = {(exact, rank, bits, row, recompute)} but the "
+            f"layer now has {live}; this is a missing recompile: call torch._dynamo.reset() "
+            f"and compile again.")
     return plan
+
+
+def _seed_tensor(seed: int) -> torch.Tensor:
+    # On the CPU: backward reads it back without a device synchronization.
+    return torch.tensor([seed], dtype=torch.int64)
 
 
 def _abc_fake(x2d: torch.Tensor, seq: int, rank: int, bits: int, row: bool):
@@ -105,12 +121,14 @@ def _abc_fake(x2d: torch.Tensor, seq: int, rank: int, bits: int, row: bool):
 @torch.library.custom_op("hot::linear_fwd", mutates_args=(), tags=_TAGS)
 def linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
                need_gx: bool, need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
-               row: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               row: bool, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
     with no_autocast(x2d.device.type):
         y = F.linear(x2d, w, b)
-        plan = _live_plan(layer, x2d, seq, exact, rank, bits, row)
+        plan = _live_plan(layer, x2d, seq, exact, rank, bits, row, recompute)
         if need_gw and not exact:
+            if recompute:  # setup_context keeps x2d
+                return y, _empty(y), _seed_tensor(plan.seed_x)
             q, s = abc_save(plan, x2d)
             return y, q.contiguous(), s.contiguous()
     # While exact, x2d itself is kept (setup_context saves the input: no copy).
@@ -118,26 +136,29 @@ def linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], ke
 
 
 @linear_fwd.register_fake
-def _(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row):
+def _(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute):
     y = F.linear(x2d, w, b)
     if need_gw and not exact:
+        if recompute:
+            return y, _empty(y), torch.empty(1, dtype=torch.int64)
         q, s = _abc_fake(x2d, seq, rank, bits, row)
         return y, q, s
     return y, _empty(y), _empty(y)
 
 
 def _linear_setup(ctx, inputs, output):
-    x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row = inputs
+    x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute = inputs
     _, q, s = output
-    saved = ((x2d,) if exact else (q, s)) if need_gw else ()
+    recompute = recompute and not exact
+    saved = ((x2d,) if exact else (x2d, s) if recompute else (q, s)) if need_gw else ()
     _setup_common(ctx, saved, w if need_gx else None, key, exact, seq, need_gx, need_gw,
-                  x2d.shape[1], x2d.dtype, w.dtype)
+                  x2d.shape[1], x2d.dtype, w.dtype, recompute)
     ctx.has_bias = b is not None
 
 
 def _linear_backward(ctx, gy2d, _gq, _gs):
     gx, gw, gb = _backward_2d(ctx, gy2d)
-    return gx, gw, gb, None, None, None, None, None, None, None, None
+    return gx, gw, gb, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("hot::linear_fwd", _linear_backward, setup_context=_linear_setup)
@@ -206,8 +227,8 @@ torch.library.register_autograd("hot::conv_fwd", _conv_backward, setup_context=_
 
 
 def _setup_common(ctx, saved, w2d, key, exact, seq, need_gx, need_gw, in_features, x_dtype,
-                  w_dtype):
-    ctx.n_saved = len(saved)
+                  w_dtype, recompute=False):
+    ctx.n_saved, ctx.recompute = len(saved), recompute
     ctx.save_for_backward(*saved, *((w2d,) if w2d is not None else ()))
     ctx.key, ctx.exact, ctx.seq = key, exact, seq
     ctx.need_gx, ctx.need_gw, ctx.in_features = need_gx, need_gw, in_features
@@ -223,7 +244,8 @@ def _backward_2d(ctx, gy2d):
     need_gb = ctx.has_bias and ctx.needs_input_grad[2]
     gx, gw, gb = torch.ops.hot.layer_bwd(gy2d, w2d, saved[0], saved[1], ctx.key, ctx.exact,
                                          ctx.seq, ctx.need_gx, ctx.need_gw, need_gb,
-                                         ctx.in_features, ctx.x_dtype, ctx.w_dtype)
+                                         ctx.in_features, ctx.x_dtype, ctx.w_dtype,
+                                         ctx.recompute)
     return (gx if ctx.need_gx else None), (gw if ctx.need_gw else None), (gb if need_gb else None)
 
 
@@ -231,14 +253,18 @@ def _backward_2d(ctx, gy2d):
 def layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[torch.Tensor],
               saved1: Optional[torch.Tensor], key: int, exact: bool, seq: int, need_gx: bool,
               need_gw: bool, need_gb: bool, in_features: int, x_dtype: str,
-              w_dtype: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              w_dtype: str, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
-    # The plan hot_backward needs: its ABC seed is unused in backward; the live config is the one
-    # the forward op checked (a set_config between forward and backward is the caller's choice,
-    # as in eager mode where the forward's plan is kept: here the backward reads it again).
-    plan = LayerPlan(layer.hot_config, layer._backend_for(gy2d.device), exact, seq, 0)
+    # The plan hot_backward needs: its ABC seed is the forward's (used here only to recompute
+    # the ABC copy); the live config is the one the forward op checked (a set_config between
+    # forward and backward is the caller's choice, as in eager mode where the forward's plan is
+    # kept: here the backward reads it again).
+    seed_x = int(saved1[0]) if recompute and need_gw else 0
+    plan = LayerPlan(layer.hot_config, layer._backend_for(gy2d.device), exact, seq, seed_x)
     saved = (saved0,) if exact else (saved0, saved1)
     with no_autocast(gy2d.device.type):
+        if recompute and need_gw:
+            saved = abc_save(plan, saved0)
         gx, gw, gb = hot_backward(layer, plan, gy2d, w2d, saved if need_gw else (), need_gx,
                                   need_gw, ops._DTYPES[x_dtype], ops._DTYPES[w_dtype], need_gb)
     if gb is None:
@@ -249,7 +275,7 @@ def layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[
 
 @layer_bwd.register_fake
 def _(gy2d, w2d, saved0, saved1, key, exact, seq, need_gx, need_gw, need_gb, in_features,
-      x_dtype, w_dtype):
+      x_dtype, w_dtype, recompute):
     n, o = gy2d.shape
     gx = gy2d.new_empty((n, in_features), dtype=ops._DTYPES[x_dtype]) if need_gx else _empty(gy2d)
     gw = gy2d.new_empty((o, in_features), dtype=ops._DTYPES[w_dtype]) if need_gw else _empty(gy2d)
@@ -267,11 +293,16 @@ def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int):
             h.scale == "channel")
 
 
+def _recompute(layer) -> bool:
+    return layer.hot_config.hla.abc == "recompute"
+
+
 def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
            seq: int) -> torch.Tensor:
     """HOTLinear's forward while compiling (inputs validated and autocast-cast by the caller)."""
     x2d = x.reshape(-1, x.shape[-1])
-    y2d, _, _ = torch.ops.hot.linear_fwd(x2d, w, b, layer._hot_key, *_flags(layer, x, w, seq))
+    y2d, _, _ = torch.ops.hot.linear_fwd(x2d, w, b, layer._hot_key, *_flags(layer, x, w, seq),
+                                         _recompute(layer))
     return y2d.reshape(*x.shape[:-1], y2d.shape[-1])
 
 

@@ -10,7 +10,8 @@ For a layer y = x W^T + b with tokens flattened to rows (x: L x I, g_y: L x O):
 
 A frozen weight skips ABC and the g_W path; an input that needs no gradient skips the g_x path
 and does not keep W. During the layer's first ``exact_steps`` backward calls everything is exact
-(and x is saved).
+(and x is saved). With ``HLAConfig.abc == "recompute"`` a linear layer keeps x and forms
+(q_x, s_x) in backward, with the forward's seed: the same codes (``abc_recomputes``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ def _mode(scale: str) -> str:
 def _hla_args(h) -> tuple:
     """The HLA arguments after x: (rank, selection, bits, scale_mode, stochastic)."""
     return (h.rank, h.selection, h.bits or 0, _mode(h.scale), h.rounding == "stochastic")
+
+
+def abc_recomputes(plan: LayerPlan) -> bool:
+    """Whether the ABC codes are formed in backward from a kept x (HLAConfig.abc)."""
+    return not plan.exact and plan.config.hla.abc == "recompute"
 
 
 def abc_save(plan: LayerPlan, x2d: torch.Tensor):
@@ -120,7 +126,7 @@ class HOTLinearFunction(torch.autograd.Function):
         y = F.linear(x, weight, bias)
         need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         x2d = x.reshape(-1, x.shape[-1])
-        saved = abc_save(plan, x2d) if need_gw else ()
+        saved = () if not need_gw else (x2d,) if abc_recomputes(plan) else abc_save(plan, x2d)
         ctx.n_saved = len(saved)
         ctx.save_for_backward(*saved, *((weight,) if need_gx else ()))
         ctx.layer, ctx.plan = layer, plan
@@ -133,6 +139,9 @@ class HOTLinearFunction(torch.autograd.Function):
         need_gx, need_gw, need_gb = ctx.needs_input_grad[:3]
         t = ctx.saved_tensors
         saved, w = t[: ctx.n_saved], (t[ctx.n_saved] if need_gx else None)
+        if need_gw and abc_recomputes(ctx.plan):
+            with no_autocast(gy.device.type):
+                saved = abc_save(ctx.plan, saved[0])
         gy2d = gy.reshape(-1, gy.shape[-1])
         need_gb = ctx.has_bias and need_gb
         gx, gw, gb = hot_backward(ctx.layer, ctx.plan, gy2d, w, saved, need_gx, need_gw,
