@@ -82,12 +82,14 @@ class HLAConfig:
     scale: "channel" = per output channel for T g_y and per input channel for T x; or "tensor".
     rounding: "stochastic" or "nearest", for both operands (T g_y and the saved T x).
     abc: "save" (paper) = the forward keeps the int8 codes of T x; "recompute" = the forward
-        keeps x itself and backward forms the same codes with the same seed (so the same g_W).
-        Under torch.compile with ``torch._functorch.config.ban_recompute_materialized_backward
-        = False`` the compiler then rebuilds x in backward from tensors other operations keep
-        anyway (a LayerNorm's input, an attention output, a pre-activation) instead of saving
-        it, so a HOT linear layer keeps nothing of its own (docs/performance.md, memory). In
-        eager mode it keeps more (x instead of its codes). HOTConv2d always saves its codes.
+        keeps x itself and backward forms the codes with the forward's seed (eagerly: the same
+        codes, so the same g_W). Under torch.compile with
+        ``torch._functorch.config.ban_recompute_materialized_backward = False`` the compiler
+        then rebuilds x in backward from tensors other operations keep anyway (a LayerNorm's
+        input, an attention output, a pre-activation) instead of saving it, so a HOT linear
+        layer keeps nothing of its own (docs/performance.md, round 6); the rebuilt x may differ
+        from the forward's by the rounding of the compiler's recomputation. In eager mode it
+        keeps more (x instead of its codes). HOTConv2d always saves its codes.
     """
 
     rank: int = 8
