@@ -52,6 +52,10 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
                    help="token blocks over the flattened axis or inside each sequence")
     g.add_argument("--hla-bits", type=_bits, default=8, metavar="{4,8,none}",
                    help="g_W path operand width (default 8)")
+    g.add_argument("--abc", choices=("save", "recompute", "auto"), default="auto",
+                   help="what the forward keeps for g_W: the int8 codes (save, paper) or x, "
+                        "with the codes formed in backward (recompute), or recompute where x is "
+                        "kept anyway (auto)")
     g.add_argument("--lqs-ratio", type=float, default=0.5, help="LQS threshold (default 0.5)")
     g.add_argument("--exact-steps", type=int, default=0, help="exact warm-up backward steps")
     g.add_argument("--int8-steps", type=int, default=0,
@@ -73,7 +77,7 @@ def hot_config(args) -> hot.HOTConfig:
     return hot.HOTConfig(
         hq=hot.HQConfig(bits=args.hq_bits, gy_scale=args.gy_scale),
         hla=hot.HLAConfig(rank=args.hla_rank, selection=args.hla_selection,
-                          blocking=args.hla_blocking, bits=args.hla_bits),
+                          blocking=args.hla_blocking, bits=args.hla_bits, abc=args.abc),
         lqs=hot.LQSConfig(ratio=args.lqs_ratio),
         exact_steps=args.exact_steps, int8_steps=args.int8_steps)
 

@@ -81,15 +81,20 @@ class HLAConfig:
     bits: 8 (paper) or 4; None = no quantization.
     scale: "channel" = per output channel for T g_y and per input channel for T x; or "tensor".
     rounding: "stochastic" or "nearest", for both operands (T g_y and the saved T x).
-    abc: "save" (paper) = the forward keeps the int8 codes of T x; "recompute" = the forward
-        keeps x itself and backward forms the codes with the forward's seed (eagerly: the same
-        codes, so the same g_W). Under torch.compile with
-        ``torch._functorch.config.ban_recompute_materialized_backward = False`` the compiler
-        then rebuilds x in backward from tensors other operations keep anyway (a LayerNorm's
-        input, an attention output, a pre-activation) instead of saving it, so a HOT linear
-        layer keeps nothing of its own (docs/performance.md, round 6); the rebuilt x may differ
-        from the forward's by the rounding of the compiler's recomputation. In eager mode it
-        keeps more (x instead of its codes). HOTConv2d always saves its codes.
+    abc: when the ABC codes of T x are formed (ABC). "save" (the paper as written): in forward,
+        and the forward keeps them. "recompute": the forward keeps x itself and backward forms
+        the codes with the forward's seed (eagerly the same codes, so the same g_W). "auto"
+        (default): "recompute" exactly where keeping x is free, else "save": eagerly where x's
+        producer keeps x for its own backward anyway (a ReLU before a conv, attention's output
+        before a projection; read from the autograd node's type), under torch.compile where
+        ``torch._functorch.config.ban_recompute_materialized_backward = False`` lets the
+        compiler rebuild x in backward from what other ops keep (a LayerNorm's input, a
+        pre-activation) instead of saving it. Eagerly the work only moves from forward to
+        backward (under compile the compiler also recomputes x). Where it applies, a layer keeps nothing of its own (docs/performance.md,
+        round 6); under compile the rebuilt x may differ from the forward's by the rounding of
+        the compiler's recomputation. "recompute" keeps more where x is not kept anyway, except
+        for convs whose patches' codes outgrow x (a 3x3 stride-1 conv's take 4.5 bytes per
+        element of x).
     """
 
     rank: int = 8
@@ -98,7 +103,7 @@ class HLAConfig:
     bits: Optional[int] = 8
     scale: str = "channel"
     rounding: str = "stochastic"
-    abc: str = "save"
+    abc: str = "auto"
 
     def __post_init__(self) -> None:
         if self.rank not in VALID_RANKS:
@@ -111,7 +116,7 @@ class HLAConfig:
         _check_bits("HLAConfig.bits", self.bits)
         _check_choice("HLAConfig.scale", self.scale, ("channel", "tensor"))
         _check_choice("HLAConfig.rounding", self.rounding, ("stochastic", "nearest"))
-        _check_choice("HLAConfig.abc", self.abc, ("save", "recompute"))
+        _check_choice("HLAConfig.abc", self.abc, ("save", "recompute", "auto"))
 
 
 @dataclass(frozen=True)

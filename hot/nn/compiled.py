@@ -12,7 +12,8 @@ the eager path does (``make_plan``, ``abc_save``, ``hot_backward``: no duplicate
                                              CPU int64), x2d is kept instead
     hot::conv_fwd(x, W, b, key, stride, padding, dilation, <same flags>)
         -> (y = conv2d(x, W, b), q_x, s_x)   ABC of the unfolded patches (or the patches
-                                             themselves while exact)
+                                             themselves while exact; with recompute, x is kept,
+                                             and backward unfolds it in traced code)
     hot::layer_bwd(g_y2d, W2d, saved0, saved1, key, exact, seq, need_gx, need_gw, need_gb,
                   in_features, x_dtype, w_dtype, recompute)
         -> (g_x2d, g_W2d, g_b)   (empty when not needed; with recompute, saved0 = x2d and
@@ -87,14 +88,14 @@ def _empty(t: torch.Tensor) -> torch.Tensor:
 
 
 def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: int,
-               row: bool, recompute: Optional[bool] = None) -> LayerPlan:
-    """make_plan as in eager mode (draws the ABC seed), after checking the traced constants
-    (``recompute`` None: the op always saves its codes, as HOTConv2d does)."""
+               row: bool, recompute: bool) -> LayerPlan:
+    """make_plan as in eager mode (draws the ABC seed), after checking the traced constants."""
     cfg = layer.hot_config
     plan = make_plan(layer, cfg, layer._backend_for(x.device), seq)
     h = cfg.hla
+    # "auto" was resolved when the graph was traced (from the partitioner's flag): either is live.
     live = (plan.exact, h.rank, h.bits or 0, h.scale == "channel",
-            (h.abc == "recompute") if recompute is not None else None)
+            recompute if h.abc == "auto" else h.abc == "recompute")
     if live != (exact, rank, bits, row, recompute):
         raise RuntimeError(
             f"HOT layer {layer.hot_name!r}: the compiled graph was traced for (exact, rank, bits, "
@@ -171,13 +172,15 @@ torch.library.register_autograd("hot::linear_fwd", _linear_backward, setup_conte
 def conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
              stride: list[int], padding: list[int], dilation: list[int], need_gx: bool,
              need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
-             row: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             row: bool, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
     with no_autocast(x.device.type):
         y = F.conv2d(x, w, b, stride, padding, dilation)
-        plan = _live_plan(layer, x, seq, exact, rank, bits, row)
+        plan = _live_plan(layer, x, seq, exact, rank, bits, row, recompute)
         if not need_gw:
             return y, _empty(y), _empty(y)
+        if recompute and not exact:  # setup_context keeps x
+            return y, _empty(y), _seed_tensor(plan.seed_x)
         saved = abc_save(plan, patches(x, w.shape[-2:], stride, padding, dilation))
     if exact:  # the patches themselves (a transient of kh*kw times x, as in eager mode)
         return y, saved[0].contiguous(), _empty(y)
@@ -185,10 +188,13 @@ def conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: i
 
 
 @conv_fwd.register_fake
-def _(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank, bits, row):
+def _(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank, bits, row,
+      recompute):
     y = F.conv2d(x, w, b, stride, padding, dilation)
     if not need_gw:
         return y, _empty(y), _empty(y)
+    if recompute and not exact:
+        return y, _empty(y), torch.empty(1, dtype=torch.int64)
     rows = x.new_empty((y.shape[0] * y.shape[2] * y.shape[3], w[0].numel()))
     if exact:
         return y, rows, _empty(y)
@@ -197,11 +203,13 @@ def _(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, ran
 
 
 def _conv_setup(ctx, inputs, output):
-    x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank, bits, row = inputs
+    (x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank, bits, row,
+     recompute) = inputs
     _, q, s = output
-    saved = ((q,) if exact else (q, s)) if need_gw else ()
+    recompute = recompute and not exact
+    saved = ((q,) if exact else (x, s) if recompute else (q, s)) if need_gw else ()
     _setup_common(ctx, saved, w.reshape(w.shape[0], -1) if need_gx else None, key, exact, seq,
-                  need_gx, need_gw, w[0].numel(), x.dtype, w.dtype)
+                  need_gx, need_gw, w[0].numel(), x.dtype, w.dtype, recompute)
     ctx.has_bias = b is not None
     ctx.geom = (tuple(stride), tuple(padding), tuple(dilation))
     ctx.x_shape, ctx.w_shape = tuple(x.shape), tuple(w.shape)
@@ -210,14 +218,17 @@ def _conv_setup(ctx, inputs, output):
 def _conv_backward(ctx, gy, _gq, _gs):
     stride, padding, dilation = ctx.geom
     gy2d = gy.permute(0, 2, 3, 1).reshape(-1, gy.shape[1])
-    gx, gw, gb = _backward_2d(ctx, gy2d)
+    unfold = None
+    if ctx.recompute:  # traced: the patches of the kept x, for layer_bwd's ABC
+        unfold = lambda x: patches(x, ctx.w_shape[-2:], stride, padding, dilation)  # noqa: E731
+    gx, gw, gb = _backward_2d(ctx, gy2d, unfold)
     if gx is not None:
         # fold is the adjoint of unfold: overlapping patches sum, as the exact gradient does.
         gx = gx.reshape(ctx.x_shape[0], -1, gx.shape[1]).transpose(1, 2)
         gx = F.fold(gx, ctx.x_shape[-2:], ctx.w_shape[-2:], dilation, padding, stride)
     if gw is not None:
         gw = gw.reshape(ctx.w_shape)
-    return (gx, gw, gb) + (None,) * 11
+    return (gx, gw, gb) + (None,) * 12
 
 
 torch.library.register_autograd("hot::conv_fwd", _conv_backward, setup_context=_conv_setup)
@@ -235,11 +246,13 @@ def _setup_common(ctx, saved, w2d, key, exact, seq, need_gx, need_gw, in_feature
     ctx.x_dtype, ctx.w_dtype = dtype_name(x_dtype), dtype_name(w_dtype)
 
 
-def _backward_2d(ctx, gy2d):
+def _backward_2d(ctx, gy2d, unfold=None):
     """(g_x as L x in_features, g_W as O x in_features, g_b) from hot::layer_bwd; None where not
-    needed."""
+    needed. ``unfold`` turns a kept conv input into the rows layer_bwd quantizes (recompute)."""
     t = ctx.saved_tensors
     saved = list(t[: ctx.n_saved]) + [None] * (2 - ctx.n_saved)
+    if unfold is not None and ctx.need_gw:
+        saved[0] = unfold(saved[0])
     w2d = t[ctx.n_saved] if ctx.need_gx else None
     need_gb = ctx.has_bias and ctx.needs_input_grad[2]
     gx, gw, gb = torch.ops.hot.layer_bwd(gy2d, w2d, saved[0], saved[1], ctx.key, ctx.exact,
@@ -294,7 +307,14 @@ def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int):
 
 
 def _recompute(layer) -> bool:
-    return layer.hot_config.hla.abc == "recompute"
+    """The ABC mode a graph is traced for. "auto" recomputes when the partitioner may rebuild
+    what backward materializes (else it would save x itself, which the codes undercut)."""
+    abc = layer.hot_config.hla.abc
+    if abc == "auto":
+        import torch._functorch.config as fc
+
+        return not fc.ban_recompute_materialized_backward
+    return abc == "recompute"
 
 
 def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
@@ -311,5 +331,5 @@ def conv2d(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], g
     """HOTConv2d's forward while compiling; geom = (stride, padding, dilation)."""
     stride, padding, dilation = (list(g) for g in geom)
     y, _, _ = torch.ops.hot.conv_fwd(x, w, b, layer._hot_key, stride, padding, dilation,
-                                     *_flags(layer, x, w, seq))
+                                     *_flags(layer, x, w, seq), _recompute(layer))
     return y

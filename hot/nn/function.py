@@ -10,8 +10,9 @@ For a layer y = x W^T + b with tokens flattened to rows (x: L x I, g_y: L x O):
 
 A frozen weight skips ABC and the g_W path; an input that needs no gradient skips the g_x path
 and does not keep W. During the layer's first ``exact_steps`` backward calls everything is exact
-(and x is saved). With ``HLAConfig.abc == "recompute"`` a linear layer keeps x and forms
-(q_x, s_x) in backward, with the forward's seed: the same codes (``abc_recomputes``).
+(and x is saved). With ``HLAConfig.abc == "recompute"`` a layer keeps x and forms (q_x, s_x) in
+backward, with the forward's seed: the same codes (``abc_recomputes``); "auto" does so where x's
+producer keeps x anyway.
 """
 
 from __future__ import annotations
@@ -57,9 +58,33 @@ def _hla_args(h) -> tuple:
     return (h.rank, h.selection, h.bits or 0, _mode(h.scale), h.rounding == "stochastic")
 
 
-def abc_recomputes(plan: LayerPlan) -> bool:
-    """Whether the ABC codes are formed in backward from a kept x (HLAConfig.abc)."""
-    return not plan.exact and plan.config.hla.abc == "recompute"
+# Autograd nodes that keep their own output (first output) for backward: ReLU, sigmoid, tanh,
+# softmax, exp, attention... Keyed by node type; filled on first sight.
+_KEEPS_RESULT: dict = {}
+
+
+def kept_by_producer(x: torch.Tensor) -> bool:
+    """Whether the autograd node that made ``x`` keeps ``x`` itself for its own backward (its
+    first output saved as ``result`` / ``output``), so keeping x costs no memory. Read from the
+    node's type: nothing is unpacked (saved-tensor hooks, e.g. offloading, are never run)."""
+    node = x.grad_fn
+    if node is None or x.output_nr != 0:
+        return False
+    keeps = _KEEPS_RESULT.get(type(node))
+    if keeps is None:
+        keeps = _KEEPS_RESULT[type(node)] = any(
+            hasattr(node, a) for a in ("_saved_result", "_saved_output", "_saved_result0"))
+    return keeps
+
+
+def abc_recomputes(plan: LayerPlan, x: torch.Tensor) -> bool:
+    """Whether the ABC codes are formed in backward from a kept x (HLAConfig.abc): "recompute",
+    or "auto" where x's producer keeps x anyway (forming the codes then moves work from forward
+    to backward and keeps nothing more: the codes' bytes are saved)."""
+    if plan.exact:
+        return False
+    abc = plan.config.hla.abc
+    return abc == "recompute" or (abc == "auto" and kept_by_producer(x))
 
 
 def abc_save(plan: LayerPlan, x2d: torch.Tensor):
@@ -126,7 +151,8 @@ class HOTLinearFunction(torch.autograd.Function):
         y = F.linear(x, weight, bias)
         need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         x2d = x.reshape(-1, x.shape[-1])
-        saved = () if not need_gw else (x2d,) if abc_recomputes(plan) else abc_save(plan, x2d)
+        ctx.recompute = need_gw and abc_recomputes(plan, x)
+        saved = () if not need_gw else (x2d,) if ctx.recompute else abc_save(plan, x2d)
         ctx.n_saved = len(saved)
         ctx.save_for_backward(*saved, *((weight,) if need_gx else ()))
         ctx.layer, ctx.plan = layer, plan
@@ -139,7 +165,7 @@ class HOTLinearFunction(torch.autograd.Function):
         need_gx, need_gw, need_gb = ctx.needs_input_grad[:3]
         t = ctx.saved_tensors
         saved, w = t[: ctx.n_saved], (t[ctx.n_saved] if need_gx else None)
-        if need_gw and abc_recomputes(ctx.plan):
+        if need_gw and ctx.recompute:
             with no_autocast(gy.device.type):
                 saved = abc_save(ctx.plan, saved[0])
         gy2d = gy.reshape(-1, gy.shape[-1])
@@ -181,7 +207,10 @@ class HOTConv2dFunction(torch.autograd.Function):
         y = F.conv2d(x, weight, bias, stride, padding, dilation)
         need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         saved = ()
-        if need_gw:
+        ctx.recompute = need_gw and abc_recomputes(plan, x)
+        if ctx.recompute:
+            saved = (x,)
+        elif need_gw:
             # The patches are a transient of up to kh*kw times x's size (freed after ABC).
             saved = abc_save(plan, patches(x, weight.shape[-2:], stride, padding, dilation))
         ctx.n_saved = len(saved)
@@ -197,6 +226,9 @@ class HOTConv2dFunction(torch.autograd.Function):
         stride, padding, dilation = ctx.geom
         t = ctx.saved_tensors
         saved = t[: ctx.n_saved]
+        if need_gw and ctx.recompute:
+            with no_autocast(gy.device.type):
+                saved = abc_save(ctx.plan, patches(saved[0], ctx.w_shape[-2:], *ctx.geom))
         w = t[ctx.n_saved].reshape(ctx.w_shape[0], -1) if need_gx else None
         o = gy.shape[1]
         gy2d = gy.permute(0, 2, 3, 1).reshape(-1, o)

@@ -21,7 +21,7 @@ import hot
 from hot.models.vit import TinyViT
 from hot_testing import saved_by_forward
 
-SAVE = hot.HOTConfig(seed=5)
+SAVE = hot.HOTConfig(seed=5).replace(hla={"abc": "save"})
 RECOMPUTE = SAVE.replace(hla={"abc": "recompute"})
 
 
@@ -82,25 +82,46 @@ def test_eager_recompute_keeps_x_not_codes():
     assert others[0].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
 
 
-def test_exact_phase_and_conv_are_unchanged():
-    """While exact, x is kept and gradients are exact in both modes; HOTConv2d saves its codes
-    whatever abc says (the option is documented for linear layers)."""
+def _cnn():
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Flatten(), nn.Linear(8 * 16, 4))
-    x = torch.randn(2, 3, 4, 4)
-    a = hot.convert(copy.deepcopy(net), SAVE.replace(exact_steps=1), backend="reference")
-    b = hot.convert(copy.deepcopy(net), RECOMPUTE.replace(exact_steps=1), backend="reference")
-    _, saved_conv, _ = saved_by_forward(nn.Sequential(b[0]), x)
-    assert torch.float32 in {t.dtype for t in saved_conv}  # exact: the patches
-    for _ in range(2):  # step 0 exact, step 1 HOT
-        ga, gb = [], []
-        for model, out in ((a, ga), (b, gb)):
-            model.zero_grad(set_to_none=True)
-            model(x).square().sum().backward()
-            out.extend(p.grad.clone() for p in model.parameters())
-        assert all(torch.equal(p, q) for p, q in zip(ga, gb))
-    _, saved_conv, _ = saved_by_forward(nn.Sequential(b[0]), x)
-    assert torch.int8 in {t.dtype for t in saved_conv}
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.Flatten(), nn.Linear(32, 4))
+
+
+@pytest.mark.parametrize("exact_steps", [0, 1])
+def test_conv_recompute_gives_the_saved_codes_eagerly_and_compiled(exact_steps):
+    """exact_steps=1: step 0 is exact in both modes (x or the patches kept), step 1 HOT."""
+    base = _cnn()
+    g = torch.Generator().manual_seed(4)
+    xs = [torch.randn(2, 3, 4, 4, generator=g) for _ in range(2)]
+    res = []
+    for cfg, compiled in ((SAVE, False), (RECOMPUTE, False), (RECOMPUTE, True)):
+        m = hot.convert(copy.deepcopy(base), cfg.replace(exact_steps=exact_steps),
+                        backend="reference")
+        f = torch.compile(m, backend="aot_eager", fullgraph=True) if compiled else m
+        r = []
+        for x in xs:
+            m.zero_grad(set_to_none=True)
+            f(x).square().sum().backward()
+            r.append({k: p.grad.clone() for k, p in m.named_parameters()})
+        res.append(r)
+    _assert_equal(res[0], res[1])
+    _assert_equal(res[0], res[2])
+
+
+def test_conv_recompute_keeps_x_where_the_codes_would_be_larger():
+    """A 3x3 stride-1 conv's patches have 9 C columns per position, so its rank-8 codes take
+    4.5 bytes per element of x: more than x itself in fp32 (4) or bf16 (2)."""
+    conv = nn.Conv2d(8, 16, 3, padding=1)
+    x = torch.randn(2, 8, 16, 16)
+    _, kept_save, _ = saved_by_forward(hot.convert(nn.Sequential(copy.deepcopy(conv)), SAVE,
+                                                   backend="reference"), x)
+    _, kept_rec, _ = saved_by_forward(hot.convert(nn.Sequential(copy.deepcopy(conv)), RECOMPUTE,
+                                                  backend="reference"), x)
+    assert [t.untyped_storage().data_ptr() for t in kept_rec] == [x.untyped_storage().data_ptr()]
+    codes = [t for t in kept_save if t.dtype == torch.int8]
+    # 2 * 16 * 16 = 512 positions (rows), 8 * 9 = 72 columns, 8 of 16 rows kept
+    assert sum(t.numel() for t in codes) == 512 // 2 * 72 == 4.5 * x.numel()
 
 
 def _saved(fwd, x):
@@ -165,3 +186,76 @@ def test_tiny_vit_trains_alike_with_recompute_compiled():
 def test_config_rejects_unknown_abc_mode():
     with pytest.raises(hot.HOTConfigError, match="HLAConfig.abc"):
         hot.HLAConfig(abc="drop")
+
+
+AUTO = SAVE.replace(hla={"abc": "auto"})
+
+
+def test_kept_by_producer_reads_the_node_type():
+    from hot.nn.function import kept_by_producer
+
+    x = torch.randn(2, 4, 8, 16, requires_grad=True)
+    assert not kept_by_producer(x)  # a leaf
+    assert kept_by_producer(torch.relu(x * 2))  # ReLU keeps its result
+    assert kept_by_producer((x * 2).relu_())
+    assert not kept_by_producer(torch.nn.functional.gelu(x))  # GELU keeps its input, not x
+    assert not kept_by_producer(torch.relu(x * 2).flatten(1))  # a view: another node
+    o = torch.nn.functional.scaled_dot_product_attention(x, x, x)
+    assert kept_by_producer(o)  # attention keeps its output (for its own backward)
+    with torch.no_grad():
+        assert not kept_by_producer(torch.relu(x))
+
+
+def test_auto_keeps_no_more_than_save_and_gives_its_gradients():
+    """A ResNet-like stack: the first conv's input is the image (save: codes), the second conv's
+    is ReLU's output (auto: x, which ReLU keeps anyway), the Linear's is a view (save)."""
+    base = _cnn()
+    x = torch.randn(4, 3, 4, 4)
+    kept, grads = {}, {}
+    for name, cfg in (("save", SAVE), ("auto", AUTO)):
+        m = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        m.zero_grad(set_to_none=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = m(x)
+        y.square().sum().backward()
+        kept[name] = sum(seen.values())
+        grads[name] = [{k: p.grad.clone() for k, p in m.named_parameters()}]
+    _assert_equal(grads["save"], grads["auto"])
+    # What auto does not keep: the second conv's codes, 8 of its 16 patch rows (4 images x 2 x 2
+    # output positions) by 8 * 9 = 72 columns in int8, and their 72 float32 column scales.
+    assert kept["auto"] == kept["save"] - 16 // 2 * 72 - 72 * 4
+
+
+def test_auto_under_compile_follows_the_partitioner_flag():
+    base = _block()
+    x = torch.randn(8, 64, 32)
+    for flag, int8_kept in ((True, True), (False, False)):
+        with torch._inductor.config.patch(fx_graph_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False,
+                                              ban_recompute_materialized_backward=flag):
+            torch._dynamo.reset()
+            m = hot.convert(copy.deepcopy(base), AUTO, backend="reference")
+            _, dtypes = _saved(torch.compile(m, backend="inductor", fullgraph=True), x)
+        assert (torch.int8 in dtypes) == int8_kept
+
+
+def test_auto_linear_after_relu_keeps_nothing_of_its_own():
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
+    x = torch.randn(48, 32)
+    _, kept_save, _ = saved_by_forward(hot.convert(copy.deepcopy(base), SAVE,
+                                                   backend="reference"), x)
+    m = hot.convert(copy.deepcopy(base), AUTO, backend="reference")
+    y, kept_auto, _ = saved_by_forward(m, x)
+    # save: each layer's codes (int8) and scales; auto: the second layer keeps ReLU's output,
+    # which ReLU keeps anyway (one storage), and no codes of its own.
+    ptr = {t.untyped_storage().data_ptr() for t in kept_auto}
+    codes = [t for t in kept_auto if t.dtype == torch.int8]
+    assert [t.shape for t in codes] == [(32, 24)]  # the first layer's: 48 rows -> 24, 32 features
+    assert len(ptr) == len({t.untyped_storage().data_ptr() for t in kept_save}) - 2

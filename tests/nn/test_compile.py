@@ -220,8 +220,8 @@ def test_deepcopy_gets_its_own_key():
 
 def test_stale_graph_constants_raise_naming_the_layer():
     """The ops check the constants a graph was traced for against the layer's live state."""
-    layer = hot.convert(nn.Sequential(nn.Linear(16, 8)), hot.HOTConfig(seed=1),
-                        backend="reference")[0]
+    layer = hot.convert(nn.Sequential(nn.Linear(16, 8)),
+                        hot.HOTConfig(seed=1).replace(hla={"abc": "save"}), backend="reference")[0]
     layer.hot_name = "enc.fc"
     assert isinstance(layer, HOTLinear)
     x = torch.randn(16, 16)
@@ -230,7 +230,7 @@ def test_stale_graph_constants_raise_naming_the_layer():
         torch.ops.hot.linear_fwd(x, layer.weight, layer.bias, layer._hot_key, False, True,
                                  True, 0, 8, 8, True, False)
     with pytest.raises(RuntimeError, match="ABC recompute"):
-        # traced for abc="recompute" while the layer saves its codes
+        # traced for recomputing the ABC codes while the layer saves them
         torch.ops.hot.linear_fwd(x, layer.weight, layer.bias, layer._hot_key, False, True,
                                  False, 0, 8, 8, True, True)
 
