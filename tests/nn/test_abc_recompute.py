@@ -53,6 +53,19 @@ def _grads(model, fwd, n=3, torch_seed=None):
     return out
 
 
+def _train_grads(base, cfg, compiled: bool, xs):
+    """Parameter gradients of a converted copy of ``base``, one backward per input in ``xs``
+    (eager, or aot_eager-compiled)."""
+    m = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    f = torch.compile(m, backend="aot_eager", fullgraph=True) if compiled else m
+    out = []
+    for x in xs:
+        m.zero_grad(set_to_none=True)
+        f(x).square().sum().backward()
+        out.append({k: p.grad.clone() for k, p in m.named_parameters()})
+    return out
+
+
 def _assert_equal(a, b):
     for step, (ga, gb) in enumerate(zip(a, b)):
         for k in ga:
@@ -94,17 +107,8 @@ def test_conv_recompute_gives_the_saved_codes_eagerly_and_compiled(exact_steps):
     base = _cnn()
     g = torch.Generator().manual_seed(4)
     xs = [torch.randn(2, 3, 4, 4, generator=g) for _ in range(2)]
-    res = []
-    for cfg, compiled in ((SAVE, False), (RECOMPUTE, False), (RECOMPUTE, True)):
-        m = hot.convert(copy.deepcopy(base), cfg.replace(exact_steps=exact_steps),
-                        backend="reference")
-        f = torch.compile(m, backend="aot_eager", fullgraph=True) if compiled else m
-        r = []
-        for x in xs:
-            m.zero_grad(set_to_none=True)
-            f(x).square().sum().backward()
-            r.append({k: p.grad.clone() for k, p in m.named_parameters()})
-        res.append(r)
+    res = [_train_grads(base, cfg.replace(exact_steps=exact_steps), compiled, xs)
+           for cfg, compiled in ((SAVE, False), (RECOMPUTE, False), (RECOMPUTE, True))]
     _assert_equal(res[0], res[1])
     _assert_equal(res[0], res[2])
 
@@ -170,16 +174,8 @@ def test_tiny_vit_trains_alike_with_recompute_compiled():
     base = TinyViT(image_size=8, channels=1, classes=4, patch=4, dim=32, depth=1, heads=2, mlp=32)
     g = torch.Generator().manual_seed(2)
     xs = [torch.randn(3, 1, 8, 8, generator=g) for _ in range(2)]
-    res = []
-    for c, compiled in ((cfg.replace(hla={"abc": "save"}), False), (cfg, True)):
-        m = hot.convert(copy.deepcopy(base), c, backend="reference")
-        f = torch.compile(m, backend="aot_eager", fullgraph=True) if compiled else m
-        r = []
-        for x in xs:
-            m.zero_grad(set_to_none=True)
-            f(x).square().sum().backward()
-            r.append({k: p.grad.clone() for k, p in m.named_parameters()})
-        res.append(r)
+    res = [_train_grads(base, c, compiled, xs)
+           for c, compiled in ((cfg.replace(hla={"abc": "save"}), False), (cfg, True))]
     _assert_equal(*res)
 
 
