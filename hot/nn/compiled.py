@@ -37,10 +37,10 @@ instead of computing with the wrong plan.
 
 Ops that are not ATen builtins are never recomputed in backward by AOT autograd's partitioner,
 so each forward op runs once per call (its seed draw and ABC happen once, as in eager mode).
-With HLAConfig.abc == "recompute" the forward op keeps x2d, a plain tensor the partitioner may
-rebuild in backward from what other ops keep (when ``torch._functorch.config.
-ban_recompute_materialized_backward`` is False) rather than save; the seed drawn in forward
-travels as a CPU tensor, so the codes equal eager mode's.
+With HLAConfig.abc "recompute" (and "auto" traced while ``torch._functorch.config.
+ban_recompute_materialized_backward`` is False) the forward op keeps x2d, a plain tensor the
+partitioner may rebuild in backward from what other ops keep rather than save; the seed drawn
+in forward travels as a CPU tensor, so the codes are those of eager mode's forward.
 The ops are tagged cudagraph_unsafe: a CUDA graph would replay their kernels with the seeds of
 the captured step and skip the host-side state updates (mode="reduce-overhead" then runs them
 outside the CUDA graphs).
