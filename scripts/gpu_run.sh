@@ -73,6 +73,7 @@ case " $what " in *" tests "*|*" all "*)
   tst tests/fast/test_gpu_kernels.py 200
   tst tests/fast/test_csrc_gpu.py 200
   tst tests/fast/test_native_gpu.py 200
+  tst tests/fast/test_abc_gpu.py 200
 esac
 case " $what " in *" decomp "*|*" bench "*|*" all "*)
   timeout 120 python3 benchmarks/gemm_decomp.py 2>&1 | grep -v "^W1" | tee "$OUT/gemm_decomp.md" | tail -8
