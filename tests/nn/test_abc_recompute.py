@@ -39,31 +39,26 @@ def _block():
     return nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
 
 
-def _grads(model, fwd, n=3, torch_seed=None):
-    """Parameter gradients of n steps (no optimizer: the same weights each step)."""
-    if torch_seed is not None:
-        torch.manual_seed(torch_seed)
-    g = torch.Generator().manual_seed(1)
+def _inputs(shape, n: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g) for _ in range(n)]
+
+
+def _grads(model, fwd, xs):
+    """Parameter gradients of one backward per input in ``xs`` (no optimizer: the same weights
+    each step)."""
     out = []
-    for _ in range(n):
-        x = torch.randn(4, 8, 32, generator=g)
+    for x in xs:
         model.zero_grad(set_to_none=True)
-        fwd(x).square().mean().backward()
+        fwd(x).square().sum().backward()
         out.append({k: p.grad.clone() for k, p in model.named_parameters()})
     return out
 
 
 def _train_grads(base, cfg, compiled: bool, xs):
-    """Parameter gradients of a converted copy of ``base``, one backward per input in ``xs``
-    (eager, or aot_eager-compiled)."""
+    """_grads of a converted copy of ``base`` (eager, or aot_eager-compiled)."""
     m = hot.convert(copy.deepcopy(base), cfg, backend="reference")
-    f = torch.compile(m, backend="aot_eager", fullgraph=True) if compiled else m
-    out = []
-    for x in xs:
-        m.zero_grad(set_to_none=True)
-        f(x).square().sum().backward()
-        out.append({k: p.grad.clone() for k, p in m.named_parameters()})
-    return out
+    return _grads(m, torch.compile(m, backend="aot_eager", fullgraph=True) if compiled else m, xs)
 
 
 def _assert_equal(a, b):
@@ -78,12 +73,16 @@ def test_recompute_gives_the_saved_codes_eagerly_and_compiled(seed):
     # seed=None: the ABC seed comes from torch's generator in forward, in both modes.
     save, rec = SAVE.replace(seed=seed), RECOMPUTE.replace(seed=seed)
     base = _block()
-    ref = _grads(m := hot.convert(copy.deepcopy(base), save, backend="reference"), m, torch_seed=3)
-    eager = _grads(m := hot.convert(copy.deepcopy(base), rec, backend="reference"), m, torch_seed=3)
+    xs = _inputs((4, 8, 32), 3)
+    res = []
+    for cfg in (save, rec):
+        torch.manual_seed(3)
+        res.append(_train_grads(base, cfg, False, xs))
+    torch.manual_seed(3)
     m = hot.convert(copy.deepcopy(base), rec, backend="reference")
-    comp = _grads(m, torch.compile(m, backend="aot_eager", fullgraph=True), torch_seed=3)
-    _assert_equal(ref, eager)
-    _assert_equal(ref, comp)
+    res.append(_grads(m, torch.compile(m, backend="aot_eager", fullgraph=True), xs))
+    _assert_equal(res[0], res[1])
+    _assert_equal(res[0], res[2])
     assert [int(x.hot_step) for _, x in hot.hot_layers(m)] == [3, 3]
 
 
@@ -105,8 +104,7 @@ def _cnn():
 def test_conv_recompute_gives_the_saved_codes_eagerly_and_compiled(exact_steps):
     """exact_steps=1: step 0 is exact in both modes (x or the patches kept), step 1 HOT."""
     base = _cnn()
-    g = torch.Generator().manual_seed(4)
-    xs = [torch.randn(2, 3, 4, 4, generator=g) for _ in range(2)]
+    xs = _inputs((2, 3, 4, 4), 2, seed=4)
     res = [_train_grads(base, cfg.replace(exact_steps=exact_steps), compiled, xs)
            for cfg, compiled in ((SAVE, False), (RECOMPUTE, False), (RECOMPUTE, True))]
     _assert_equal(res[0], res[1])
@@ -158,7 +156,7 @@ def test_inductor_rebuilds_x_and_keeps_no_codes():
             m = hot.convert(copy.deepcopy(base), cfg, backend="reference")
             f = torch.compile(m, backend="inductor", fullgraph=True)
             saved[name] = _saved(f, x)
-            grads[name] = _grads(m, f, n=2)
+            grads[name] = _grads(m, f, _inputs((4, 8, 32), 2))
     (b_save, d_save), (b_rec, d_rec) = saved["save"], saved["recompute"]
     assert torch.int8 in d_save and torch.int8 not in d_rec
     # save keeps the two int8 copies (32 and 64 features, rank 8 of 16 rows of 512: 256 rows)
@@ -172,8 +170,7 @@ def test_tiny_vit_trains_alike_with_recompute_compiled():
     cfg = RECOMPUTE.replace(hla={"blocking": "sequence"})
     torch.manual_seed(0)
     base = TinyViT(image_size=8, channels=1, classes=4, patch=4, dim=32, depth=1, heads=2, mlp=32)
-    g = torch.Generator().manual_seed(2)
-    xs = [torch.randn(3, 1, 8, 8, generator=g) for _ in range(2)]
+    xs = _inputs((3, 1, 8, 8), 2, seed=2)
     res = [_train_grads(base, c, compiled, xs)
            for c, compiled in ((cfg.replace(hla={"abc": "save"}), False), (cfg, True))]
     _assert_equal(*res)
