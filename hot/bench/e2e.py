@@ -21,6 +21,7 @@ every step (the same 2 alternating fixed batches), to tell HOT's noise from a fa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -68,8 +69,6 @@ def _profile(step, n: int = 2, top: int = 14) -> dict:
 
 def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
               profile: bool = False) -> dict:
-    import contextlib
-
     import torch._functorch.config as fc
 
     # The flag is read when a graph is compiled (warm-up); restored for the modes after this one.
@@ -79,8 +78,6 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
 
 
 def _step_time(mode: str, batch: int, warmup: int, steps: int, profile: bool) -> dict:
-    import contextlib
-
     from hot.common import quant
 
     hot_on = mode.startswith("hot")

@@ -238,7 +238,7 @@ torch.library.register_autograd("hot::conv_fwd", _conv_backward, setup_context=_
 
 
 def _setup_common(ctx, saved, w2d, key, exact, seq, need_gx, need_gw, in_features, x_dtype,
-                  w_dtype, recompute=False):
+                  w_dtype, recompute):
     ctx.n_saved, ctx.recompute = len(saved), recompute
     ctx.save_for_backward(*saved, *((w2d,) if w2d is not None else ()))
     ctx.key, ctx.exact, ctx.seq = key, exact, seq

@@ -45,9 +45,7 @@ def _run_two_ranks(worker) -> dict:
 
 
 def _traced(rank: int, worker, world: int, port: int, out: dict):
-    # A worker killed by a signal (one CI run saw SIGABRT, "terminate called without an active
-    # exception", not reproduced since) leaves no Python traceback of its own; this prints where
-    # each thread was.
+    # A worker killed by a signal leaves no Python traceback of its own: print every thread's.
     faulthandler.enable(all_threads=True)
     worker(rank, world, port, out)
 
