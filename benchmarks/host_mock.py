@@ -18,13 +18,12 @@ import cProfile
 import io
 import os
 import pstats
-import statistics
-import time
 
 import torch
 import torch.nn as nn
 
 import hot
+from hot.bench.timing import wall_ms
 from hot.common import backend as B
 from hot.common.ops import BLOCK, pad_to
 
@@ -69,17 +68,8 @@ def _stack(n: int, width: int, use_hot: bool) -> nn.Module:
 
 
 def _step_ms(fwd, x, steps: int) -> float:
-    def step():
-        fwd(x).sum().backward()
-
-    for _ in range(20):
-        step()
-    t = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        t.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(t)
+    # 20 warm-up steps: the first compiled ones compile
+    return wall_ms(lambda: fwd(x).sum().backward(), steps, warmup=20)[0]
 
 
 def main() -> None:

@@ -16,13 +16,12 @@ import cProfile
 import io
 import os
 import pstats
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import hot
+from hot.bench.timing import wall_ms
 from hot.cli.demo import DEFAULTS
 from hot.models import build_model
 
@@ -51,17 +50,6 @@ def _step_fn(m, a):
     return step
 
 
-def median_ms(step, n: int) -> tuple[float, list[float]]:
-    for _ in range(3):
-        step()
-    t = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        step()
-        t.append(1000 * (time.perf_counter() - t0))
-    return statistics.median(t), t
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20)
@@ -78,7 +66,7 @@ def main() -> None:
     steps = {}
     for method in a.methods.split(","):
         steps[method] = _step_fn(_model(method, a), a)
-        med, t = median_ms(steps[method], a.steps)
+        med, t = wall_ms(steps[method], a.steps)
         print(f"{method}: median {med:.1f} ms/step (min {min(t):.1f}, max {max(t):.1f}) "
               f"load {os.getloadavg()[0]:.2f}")
     step = steps.get("hot")

@@ -37,6 +37,22 @@ def host_us(fn, n: int = 30) -> float:
     return ts[n // 2] * 1e6
 
 
+def wall_ms(step, n: int, warmup: int = 3) -> tuple[float, list[float]]:
+    """(median, all) wall-clock milliseconds of ``n`` calls of ``step()`` after ``warmup`` untimed
+    ones: for CPU runs, where a call's wall time is all of its cost (no device queue)."""
+    import statistics
+    import time
+
+    for _ in range(warmup):
+        step()
+    t = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step()
+        t.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(t), t
+
+
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     """Bytes/s of a device-to-device copy, counting bytes read plus bytes written."""
     a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
