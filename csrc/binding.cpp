@@ -495,7 +495,7 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   std::vector<Arg> base = {{addr(x)}, {x.stride(0)}, {x.stride(1)}, {p[kR]}, {p[kC]}, {addr(h16)}, {addr(t)},
                            {ws}, {ws_l}};
   torch::Tensor partial;
-  if (p[kDoBsum]) partial = torch::empty({p[kGrid0], p[kC]}, f32);
+  if (p[kDoBsum]) partial = torch::empty({p[kC], p[kGrid0]}, f32);  // column-major: an inner-axis sum
   std::vector<Arg> stats = base;
   stats.push_back({epoch});
   stats.push_back({p[kDoBsum] ? addr(partial) : ws});
@@ -510,7 +510,7 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   std::string e = hot::triton_launch::launch(p[kStatsId], grid, stats, stream);
   if (e.empty()) e = hot::triton_launch::launch(p[kQuantId], grid, quant, stream);
   if (!e.empty()) return runtime_error(where, e);
-  if (p[kDoBsum]) out->bsum = partial.sum(0);
+  if (p[kDoBsum]) out->bsum = partial.sum(1);
   return e;
 }
 

@@ -246,7 +246,7 @@ def plan_for(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple], bsum: b
 def pass_args(x: torch.Tensor, p: dict, hq: Optional[tuple], hla: Optional[tuple]):
     """The runtime arguments of one pass over x with plan p: (stats_args, quant_args, outputs),
     outputs = (hq_q, hq_s, hla_q, hla_s) that quant_args fill (None for a part not asked for);
-    with a bsum plan, stats_args[_BSUM_ARG] is the (row tiles, C) float32 buffer of the bias
+    with a bsum plan, stats_args[_BSUM_ARG] is the (C, row tiles) float32 buffer of the bias
     partial sums that the stats kernel fills. Takes the next epoch of the absmax workspace. Shared by gy_pass and the benchmarks that
     launch the two kernels separately (benchmarks/gy_pass_breakdown.py, quant_variants.py)."""
     r, c = x.shape
@@ -268,7 +268,7 @@ def pass_args(x: torch.Tensor, p: dict, hq: Optional[tuple], hla: Optional[tuple
         hq_q if hq else amax, hq_s if hq else amax, p["c16"], _key(hq[3]) if hq else 0,
         hla_q if hla else amax, hla_s if hla else amax, p["lr"], p["l16"] // BLOCK,
         _key(hla[5]) if hla else 0)
-    bsum = torch.empty((p["grid"][0], c), dtype=torch.float32, device=dev) if p["bsum"] else amax
+    bsum = torch.empty((c, p["grid"][0]), dtype=torch.float32, device=dev) if p["bsum"] else amax
     return base + (epoch, bsum), quant_args, (hq_q, hq_s, hla_q, hla_s)
 
 
@@ -301,7 +301,7 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple], bsum: bo
     kq = p["quant"](p["grid"], quant_args, p["qsw"], (p["uid"], xa, _spec(quant_args[_HQ_KEY_ARG]),
                                                       _spec(quant_args[_HLA_KEY_ARG])))
     native.register(p, x, ks, kq, (len(stats_args), len(quant_args)))
-    return outputs + (stats_args[_BSUM_ARG].sum(0),) if bsum else outputs
+    return outputs + (stats_args[_BSUM_ARG].sum(1),) if bsum else outputs
 
 
 def _tag(q: torch.Tensor, bits: int) -> torch.Tensor:

@@ -200,9 +200,11 @@ def stats_kernel_v4(
 ):
     """quant_kernels.stats_kernel with the transforms of HQ_METHOD / HLA_METHOD (module doc):
     the same epoch-tagged atomic max of |t| per scale group. DO_BSUM (HLA "bfly" only): also
-    the tile's column sums of x in float32, bsum[pid_r, c] (the bias gradient's partial sums,
+    the tile's column sums of x in float32, bsum[c, pid_r] (the bias gradient's partial sums,
     read from the block sums the HLA butterflies form anyway; one store per column, no atomics,
-    so the sum over pid_r that follows is deterministic)."""
+    so the sum over pid_r that follows is deterministic). Column-major (c outermost) so that sum
+    is an inner-axis reduction; the programs of consecutive pid_r run together, so their strided
+    stores fill each 32-byte sector in L2 before it is written back."""
     tl.static_assert((not DO_BSUM) or (DO_HLA and HLA_METHOD == "bfly"))
     ZR: tl.constexpr = BLOCK_R // 16 * RP
     pid_r = tl.program_id(0)
@@ -225,7 +227,8 @@ def stats_kernel_v4(
                                  IDX64)
                 a = tl.max(tl.max(_abs_bits(z), axis=2), axis=0)
                 if DO_BSUM:
-                    tl.store(bsum_ptr + pid_r * C + cols, tl.sum(d, axis=0), mask=cols < C)
+                    tl.store(bsum_ptr + _idx(cols, IDX64) * tl.num_programs(0) + pid_r,
+                             tl.sum(d, axis=0), mask=cols < C)
             else:
                 rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
                 x = tl.load(x_ptr + _idx(rows[:, None], IDX64) * sxr + _idx(cols[None, :], IDX64) * sxc,

@@ -19,8 +19,8 @@ the eager path does (``make_plan``, ``abc_save``, ``hot_backward``: no duplicate
         -> (g_x2d, g_W2d, g_b)   (empty when not needed; with recompute, saved0 = x2d and
                                   saved1 = the seed: the ABC copy is formed here)
 
-The forward ops carry their backward through torch.library.register_autograd; reshapes and
-F.fold stay in the traced graph. The bias gradient (sum of g_y over tokens) is computed inside
+A torch.autograd.Function per forward op (_LinearFn, _ConvFn) carries its backward, which
+dynamo traces into the joint graph; reshapes and F.fold stay in the traced graph. The bias gradient (sum of g_y over tokens) is computed inside
 layer_bwd, as eager mode does: the same summation order, and the op always has a used output
 when it runs, so a layer whose only trainable tensor is the bias still advances its step (a
 functional op whose outputs are all unused would be dead-code eliminated).
@@ -62,6 +62,23 @@ from .state import LayerPlan, make_plan
 
 # torch 2.14 has the tag; on a torch without it the ops go untagged.
 _TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+
+# Declared with torch.library.Library rather than torch.library.custom_op: custom_op's autograd
+# wrapper (a no-grad redispatch), dynamo-disable wrapper and output-alias check cost about 60 us
+# of host time per call on this project's CPU, run even inside a compiled graph, twice per layer
+# and step (benchmarks/host_mock.py). Here the dispatcher calls the Python body directly and the
+# autograd wiring is a torch.autograd.Function, which dynamo traces into the joint graph.
+_LIB = torch.library.Library("hot", "FRAGMENT")
+
+
+def _def(schema: str, fn, fake):
+    """Declare hot::<schema> with ``fn`` as its CPU and CUDA kernel and ``fake`` for tracing."""
+    name = schema.split("(", 1)[0]
+    _LIB.define(schema, tags=_TAGS)
+    for key in ("CPU", "CUDA"):
+        _LIB.impl(name, fn, key)
+    torch.library.register_fake("hot::" + name, fake, lib=_LIB)
+    return getattr(torch.ops.hot, name).default
 
 _LAYERS: "weakref.WeakValueDictionary[int, torch.nn.Module]" = weakref.WeakValueDictionary()
 _KEYS = itertools.count(1)
@@ -119,10 +136,9 @@ def _abc_fake(x2d: torch.Tensor, seq: int, rank: int, bits: int, row: bool):
 # ---------------------------------------------------------------- linear
 
 
-@torch.library.custom_op("hot::linear_fwd", mutates_args=(), tags=_TAGS)
-def linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
-               need_gx: bool, need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
-               row: bool, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
+                need_gx: bool, need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
+                row: bool, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
     with no_autocast(x2d.device.type):
         y = F.linear(x2d, w, b)
@@ -136,8 +152,7 @@ def linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], ke
     return y, _empty(y), _empty(y)
 
 
-@linear_fwd.register_fake
-def _(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute):
+def _linear_fwd_fake(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute):
     y = F.linear(x2d, w, b)
     if need_gw and not exact:
         if recompute:
@@ -162,14 +177,23 @@ def _linear_backward(ctx, gy2d, _gq, _gs):
     return gx, gw, gb, None, None, None, None, None, None, None, None, None
 
 
-torch.library.register_autograd("hot::linear_fwd", _linear_backward, setup_context=_linear_setup)
+linear_fwd = _def("linear_fwd(Tensor x2d, Tensor w, Tensor? b, int key, bool need_gx, "
+                  "bool need_gw, bool exact, int seq, int rank, int bits, bool row, "
+                  "bool recompute) -> (Tensor, Tensor, Tensor)", _linear_fwd, _linear_fwd_fake)
+
+
+class _LinearFn(torch.autograd.Function):
+    """hot::linear_fwd with its backward (hot::layer_bwd)."""
+
+    forward = staticmethod(linear_fwd)
+    setup_context = staticmethod(_linear_setup)
+    backward = staticmethod(_linear_backward)
 
 
 # ---------------------------------------------------------------- conv2d
 
 
-@torch.library.custom_op("hot::conv_fwd", mutates_args=(), tags=_TAGS)
-def conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
+def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
              stride: list[int], padding: list[int], dilation: list[int], need_gx: bool,
              need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
              row: bool, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -187,9 +211,8 @@ def conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: i
     return y, saved[0].contiguous(), saved[1].contiguous()
 
 
-@conv_fwd.register_fake
-def _(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank, bits, row,
-      recompute):
+def _conv_fwd_fake(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank,
+                   bits, row, recompute):
     y = F.conv2d(x, w, b, stride, padding, dilation)
     if not need_gw:
         return y, _empty(y), _empty(y)
@@ -231,7 +254,18 @@ def _conv_backward(ctx, gy, _gq, _gs):
     return (gx, gw, gb) + (None,) * 12
 
 
-torch.library.register_autograd("hot::conv_fwd", _conv_backward, setup_context=_conv_setup)
+conv_fwd = _def("conv_fwd(Tensor x, Tensor w, Tensor? b, int key, int[] stride, int[] padding, "
+                "int[] dilation, bool need_gx, bool need_gw, bool exact, int seq, int rank, "
+                "int bits, bool row, bool recompute) -> (Tensor, Tensor, Tensor)",
+                _conv_fwd, _conv_fwd_fake)
+
+
+class _ConvFn(torch.autograd.Function):
+    """hot::conv_fwd with its backward (hot::layer_bwd, then F.fold)."""
+
+    forward = staticmethod(conv_fwd)
+    setup_context = staticmethod(_conv_setup)
+    backward = staticmethod(_conv_backward)
 
 
 # ---------------------------------------------------------------- shared backward
@@ -262,8 +296,7 @@ def _backward_2d(ctx, gy2d, unfold=None):
     return (gx if ctx.need_gx else None), (gw if ctx.need_gw else None), (gb if need_gb else None)
 
 
-@torch.library.custom_op("hot::layer_bwd", mutates_args=(), tags=_TAGS)
-def layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[torch.Tensor],
+def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[torch.Tensor],
               saved1: Optional[torch.Tensor], key: int, exact: bool, seq: int, need_gx: bool,
               need_gw: bool, need_gb: bool, in_features: int, x_dtype: str,
               w_dtype: str, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -286,14 +319,19 @@ def layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[
             gw.contiguous() if gw is not None else _empty(gy2d), gb)
 
 
-@layer_bwd.register_fake
-def _(gy2d, w2d, saved0, saved1, key, exact, seq, need_gx, need_gw, need_gb, in_features,
-      x_dtype, w_dtype, recompute):
+def _layer_bwd_fake(gy2d, w2d, saved0, saved1, key, exact, seq, need_gx, need_gw, need_gb,
+                    in_features, x_dtype, w_dtype, recompute):
     n, o = gy2d.shape
     gx = gy2d.new_empty((n, in_features), dtype=ops._DTYPES[x_dtype]) if need_gx else _empty(gy2d)
     gw = gy2d.new_empty((o, in_features), dtype=ops._DTYPES[w_dtype]) if need_gw else _empty(gy2d)
     gb = gy2d.new_empty((o,)) if need_gb else _empty(gy2d)
     return gx, gw, gb
+
+
+layer_bwd = _def("layer_bwd(Tensor gy2d, Tensor? w2d, Tensor? saved0, Tensor? saved1, int key, "
+                 "bool exact, int seq, bool need_gx, bool need_gw, bool need_gb, "
+                 "int in_features, str x_dtype, str w_dtype, bool recompute) "
+                 "-> (Tensor, Tensor, Tensor)", _layer_bwd, _layer_bwd_fake)
 
 
 # ---------------------------------------------------------------- traced entry points
@@ -321,8 +359,8 @@ def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
            seq: int) -> torch.Tensor:
     """HOTLinear's forward while compiling (inputs validated and autocast-cast by the caller)."""
     x2d = x.reshape(-1, x.shape[-1])
-    y2d, _, _ = torch.ops.hot.linear_fwd(x2d, w, b, layer._hot_key, *_flags(layer, x, w, seq),
-                                         _recompute(layer))
+    y2d, _, _ = _LinearFn.apply(x2d, w, b, layer._hot_key, *_flags(layer, x, w, seq),
+                                _recompute(layer))
     return y2d.reshape(*x.shape[:-1], y2d.shape[-1])
 
 
@@ -330,6 +368,6 @@ def conv2d(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], g
            seq: int) -> torch.Tensor:
     """HOTConv2d's forward while compiling; geom = (stride, padding, dilation)."""
     stride, padding, dilation = (list(g) for g in geom)
-    y, _, _ = torch.ops.hot.conv_fwd(x, w, b, layer._hot_key, stride, padding, dilation,
-                                     *_flags(layer, x, w, seq), _recompute(layer))
+    y, _, _ = _ConvFn.apply(x, w, b, layer._hot_key, stride, padding, dilation,
+                            *_flags(layer, x, w, seq), _recompute(layer))
     return y
