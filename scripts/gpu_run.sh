@@ -74,6 +74,10 @@ case " $what " in *" tests "*|*" all "*)
   tst tests/fast/test_csrc_gpu.py 200
   tst tests/fast/test_native_gpu.py 200
   tst tests/fast/test_abc_gpu.py 200
+  # Not marked gpu (they run under the interpreter on CPU too): here compiled, NaN/Inf included.
+  echo "== tests/fast/test_quant_variants.py" | tee -a "$OUT/gpu_tests.log"
+  timeout 200 python3 -m pytest -q -m "not slow" -p no:cacheprovider tests/fast/test_quant_variants.py 2>&1 \
+    | tee -a "$OUT/gpu_tests.log" | grep -E "passed|failed|error" | tail -3
 esac
 case " $what " in *" decomp "*|*" bench "*|*" all "*)
   timeout 120 python3 benchmarks/gemm_decomp.py 2>&1 | grep -v "^W1" | tee "$OUT/gemm_decomp.md" | tail -8

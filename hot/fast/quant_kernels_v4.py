@@ -103,9 +103,10 @@ def _split16(x, P: tl.constexpr):
 @triton.jit
 def _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, BLOCK_R: tl.constexpr,
              BLOCK_C: tl.constexpr, HQ_METHOD: tl.constexpr, DOT_DTYPE: tl.constexpr,
-             PREC: tl.constexpr, IDX64: tl.constexpr):
+             PREC: tl.constexpr, IDX64: tl.constexpr, EVEN: tl.constexpr):
     """t (BLOCK_R, BLOCK_C) float32 = the tile (zero past R / C) times blockdiag(H16), in the
-    row-major order of the tile, by HQ_METHOD; plus its rows and cols."""
+    row-major order of the tile, by HQ_METHOD; plus its rows and cols. EVEN: the tile lies
+    inside x (unmasked loads)."""
     NB: tl.constexpr = BLOCK_C // 16
     P: tl.constexpr = BLOCK_R * NB
     rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -116,8 +117,11 @@ def _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, BLOCK_R: tl.constexpr,
         rm = rows[:, None] < R
         xs = ()
         for i in tl.static_range(16):
-            xs = xs + (tl.load(base + i * sxc, mask=rm & (jb[None, :] + i < C), other=0.0)
-                       .to(tl.float32),)
+            if EVEN:
+                xi = tl.load(base + i * sxc)
+            else:
+                xi = tl.load(base + i * sxc, mask=rm & (jb[None, :] + i < C), other=0.0)
+            xs = xs + (xi.to(tl.float32),)
         ys = _fwht16(xs)
         t = tl.reshape(_join_last(ys, 16), (BLOCK_R, BLOCK_C)) * 0.25
     else:
@@ -126,8 +130,11 @@ def _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, BLOCK_R: tl.constexpr,
         i16 = tl.arange(0, 16)
         r = pid_r * BLOCK_R + m // NB
         c = pid_c * BLOCK_C + (m % NB)[:, None] * 16 + i16[None, :]
-        xp = tl.load(x_ptr + _idx(r[:, None], IDX64) * sxr + _idx(c, IDX64) * sxc,
-                     mask=(r[:, None] < R) & (c < C), other=0.0)
+        if EVEN:
+            xp = tl.load(x_ptr + _idx(r[:, None], IDX64) * sxr + _idx(c, IDX64) * sxc)
+        else:
+            xp = tl.load(x_ptr + _idx(r[:, None], IDX64) * sxr + _idx(c, IDX64) * sxc,
+                         mask=(r[:, None] < R) & (c < C), other=0.0)
         if HQ_METHOD == "k16":
             h = tl.load(h_ptr + i16[:, None] * 16 + i16[None, :])
             t = tl.dot(xp.to(DOT_DTYPE), h.to(DOT_DTYPE), input_precision=PREC,
@@ -168,11 +175,13 @@ def _hq_u_v4(pid_r, pid_c, C16, key, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexp
 
 @triton.jit
 def _hla_z_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL: tl.constexpr, RANK: tl.constexpr,
-              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, IDX64: tl.constexpr):
+              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, IDX64: tl.constexpr,
+              EVEN: tl.constexpr):
     """(z, d): z (BLOCK_R/16, BLOCK_C, RANK) float32, z[j, c, t] = sum_i T_r[t, i] x[16 j + i, c]
     over the tile's local blocks j (zero rows past R, zero columns past C), T_r row t being
     sylvester(16) row n_t / 4 with n_t = (SEL >> 4t) & 15; d (BLOCK_R/16, BLOCK_C) the unscaled
-    Sylvester row 0, d[j, c] = sum_i x[16 j + i, c] (block sums, for the bias gradient)."""
+    Sylvester row 0, d[j, c] = sum_i x[16 j + i, c] (block sums, for the bias gradient).
+    EVEN: the tile lies inside x (unmasked loads)."""
     NJ: tl.constexpr = BLOCK_R // 16
     jr = pid_r * BLOCK_R + 16 * tl.arange(0, NJ)  # first row of each block
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -180,8 +189,11 @@ def _hla_z_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL: tl.constexpr, RANK: tl.c
     cm = cols[None, :] < C
     xs = ()
     for i in tl.static_range(16):
-        xs = xs + (tl.load(base + i * sxr, mask=(jr[:, None] + i < R) & cm, other=0.0)
-                   .to(tl.float32),)
+        if EVEN:
+            xi = tl.load(base + i * sxr)
+        else:
+            xi = tl.load(base + i * sxr, mask=(jr[:, None] + i < R) & cm, other=0.0)
+        xs = xs + (xi.to(tl.float32),)
     ys = _fwht16(xs)
     zs = ()
     for t in tl.static_range(RANK):
@@ -196,7 +208,7 @@ def stats_kernel_v4(
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
     HQ_METHOD: tl.constexpr, HLA_METHOD: tl.constexpr, HLA_PART: tl.constexpr, SEL: tl.constexpr,
-    DO_BSUM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    DO_BSUM: tl.constexpr, EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """quant_kernels.stats_kernel with the transforms of HQ_METHOD / HLA_METHOD (module doc):
     the same epoch-tagged atomic max of |t| per scale group. DO_BSUM (HLA "bfly" only): also
@@ -213,7 +225,7 @@ def stats_kernel_v4(
     if DO_HQ:
         if part == 0:
             t, rows, cols = _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, hb_ptr, BLOCK_R,
-                                     BLOCK_C, HQ_METHOD, DOT_DTYPE, PREC, IDX64)
+                                     BLOCK_C, HQ_METHOD, DOT_DTYPE, PREC, IDX64, EVEN)
             a = tl.max(_abs_bits(t), axis=1)
             if HQ_ROW:
                 tl.atomic_max(hq_amax_ptr + rows, _tagged(a, epoch), mask=rows < R, sem="relaxed")
@@ -224,7 +236,7 @@ def stats_kernel_v4(
             cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
             if HLA_METHOD == "bfly":
                 z, d = _hla_z_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RP, BLOCK_R, BLOCK_C,
-                                 IDX64)
+                                 IDX64, EVEN)
                 a = tl.max(tl.max(_abs_bits(z), axis=2), axis=0)
                 if DO_BSUM:
                     tl.store(bsum_ptr + _idx(cols, IDX64) * tl.num_programs(0) + pid_r,
@@ -265,7 +277,7 @@ def quant_kernel_v4(
     HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
     HQ_METHOD: tl.constexpr, HLA_METHOD: tl.constexpr, HLA_PART: tl.constexpr, SEL: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """quant_kernels.quant_kernel with the transforms of HQ_METHOD / HLA_METHOD (module doc):
     scale = amax / qmax (1 where amax == 0), v = t * (1 / scale), codes by _round with u of the
@@ -279,7 +291,7 @@ def quant_kernel_v4(
     if DO_HQ:
         if part == 0:
             t, rows, cols = _hq_t_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, hb_ptr, BLOCK_R,
-                                     BLOCK_C, HQ_METHOD, DOT_DTYPE, PREC, IDX64)
+                                     BLOCK_C, HQ_METHOD, DOT_DTYPE, PREC, IDX64, EVEN)
             rmask = rows < R
             r = _group_recip(hq_amax_ptr, hq_s_ptr, rows, rmask, pid_r, pid_c, HQ_ROW, True,
                              HQ_QMAX)
@@ -294,7 +306,10 @@ def quant_kernel_v4(
                 u = v  # unused by nearest rounding
             off = _idx(rows[:, None], IDX64) * C16 + cols[None, :]
             q = _round(v, u, HQ_QMAX, HQ_STOCH)
-            tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
+            if EVEN:
+                tl.store(hq_q_ptr + off, q)
+            else:
+                tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
     if DO_HLA:
         if part == HLA_PART:
             cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -305,7 +320,7 @@ def quant_kernel_v4(
             if HLA_METHOD == "bfly":
                 # Code (block jb, coefficient t) of column c sits at c * LR + jb * RANK + t.
                 z, _ = _hla_z_v4(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C,
-                                 IDX64)
+                                 IDX64, EVEN)
                 if HLA_ROW:
                     v = z * r[None, :, None]
                 else:
@@ -319,7 +334,11 @@ def quant_kernel_v4(
                 else:
                     u = v
                 q = _round(v, u, HLA_QMAX, HLA_STOCH)
-                tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & cmask[None, :, None])
+                if EVEN:
+                    tl.store(hla_q_ptr + off, q)
+                else:
+                    tl.store(hla_q_ptr + off, q,
+                             mask=(jb < NBLK)[:, None, None] & cmask[None, :, None])
             else:
                 rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
                 x = tl.load(x_ptr + _idx(rows[:, None], IDX64) * sxr + _idx(cols[None, :], IDX64) * sxc,

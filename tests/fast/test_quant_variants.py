@@ -23,8 +23,8 @@ from _fast_diff import DEVICE, EPS32, check_codes, run_variant
 VARIANTS = [v for v in arch.QKERNELS if v != "dot"]
 
 # (shape, dtype, transposed view, hq (bits, mode, stoch, seed) or None,
-#  hla (rank, selection, bits, mode, stoch, seed) or None). Shapes are not multiples of the
-# 64-row tile nor of 16; together they cover fp32/bf16/fp16, 'row' and 'tensor' scales, HQ only,
+#  hla (rank, selection, bits, mode, stoch, seed) or None). Shapes but the last are not multiples
+# of the 64-row tile nor of 16; together they cover fp32/bf16/fp16, 'row' and 'tensor' scales, HQ only,
 # HLA only and fused, ranks 1-16 (1 both nearest and stochastic), both selections, nearest and
 # stochastic rounding.
 CASES = [
@@ -36,6 +36,8 @@ CASES = [
     ((40, 24), torch.float32, True, (4, "row", True, 9), None),  # W^T as a transposed view
     # Rank 1 stochastic: no pair within a block, the kernels hash per code (quant_kernels._u_at).
     ((45, 26), torch.float32, False, None, (1, "lowpass", 8, "row", True, 13)),
+    # Multiples of the 64 x 64 tile: the EVEN kernels (unmasked loads and stores).
+    ((128, 192), torch.bfloat16, False, (4, "row", True, 14), (8, "lowpass", 8, "row", True, 15)),
 ]
 
 
