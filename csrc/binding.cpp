@@ -454,8 +454,8 @@ enum PassField {
   kDoHq, kDoHla, kDoBsum, kPassFields
 };
 
-// bsum: x's column sums in x's dtype (the bias gradient): the stats kernel stores float32 partial
-// sums per row of tiles, the quantize kernel's first row of tiles adds them up (kDoBsum plans only).
+// bsum: x's column sums in float32 (the bias gradient), from the stats kernel's per-row-of-tiles
+// partial sums (kDoBsum plans only).
 struct PassOut { torch::Tensor hq_q, hq_s, hla_q, hla_s, bsum; };
 
 int64_t addr(const torch::Tensor& t) { return int64_t(reinterpret_cast<uintptr_t>(t.data_ptr())); }
@@ -495,18 +495,14 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   std::vector<Arg> base = {{addr(x)}, {x.stride(0)}, {x.stride(1)}, {p[kR]}, {p[kC]}, {addr(h16)}, {addr(t)},
                            {ws}, {ws_l}};
   torch::Tensor partial;
-  if (p[kDoBsum]) {
-    partial = torch::empty({p[kC], p[kGrid0]}, f32);  // column-major (hot.fast.quant.pass_args)
-    out->bsum = torch::empty({p[kC]}, x.options());
-  }
+  if (p[kDoBsum]) partial = torch::empty({p[kC], p[kGrid0]}, f32);  // column-major: an inner-axis sum
   std::vector<Arg> stats = base;
   stats.push_back({epoch});
   stats.push_back({p[kDoBsum] ? addr(partial) : ws});
   std::vector<Arg> quant = base;
   const std::vector<Arg> tail = {
       {p[kDoHq] ? addr(out->hq_q) : ws}, {p[kDoHq] ? addr(out->hq_s) : ws}, {p[kC16]}, {hq_key},
-      {p[kDoHla] ? addr(out->hla_q) : ws}, {p[kDoHla] ? addr(out->hla_s) : ws}, {p[kLR]}, {p[kNBlk]}, {hla_key},
-      {p[kDoBsum] ? addr(partial) : ws}, {p[kDoBsum] ? addr(out->bsum) : ws}};
+      {p[kDoHla] ? addr(out->hla_q) : ws}, {p[kDoHla] ? addr(out->hla_s) : ws}, {p[kLR]}, {p[kNBlk]}, {hla_key}};
   quant.insert(quant.end(), tail.begin(), tail.end());
   const unsigned grid[3] = {unsigned(p[kGrid0]), unsigned(p[kGrid1]), unsigned(p[kGrid2])};
   c10::cuda::CUDAGuard guard(dev);
@@ -514,6 +510,7 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   std::string e = hot::triton_launch::launch(p[kStatsId], grid, stats, stream);
   if (e.empty()) e = hot::triton_launch::launch(p[kQuantId], grid, quant, stream);
   if (!e.empty()) return runtime_error(where, e);
+  if (p[kDoBsum]) out->bsum = partial.sum(1);
   return e;
 }
 
@@ -556,7 +553,7 @@ Tensors layer_backward(std::vector<int64_t> gplan, std::vector<int64_t> wplan, t
     r = scaled_gemm(kind, g.hla_q, qx, g.hla_s, sx, gw_dtype, 0);
     if (!std::get<1>(r).empty()) return std::get<1>(r);
     gw = std::get<0>(r);
-    if (g.bsum.defined()) gb = g.bsum;  // already in gy's dtype
+    if (g.bsum.defined()) gb = g.bsum.to(gy.scalar_type());
     return std::string();
   });
   if (!err.empty()) return Tensors(std::vector<torch::Tensor>(), err);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script the GPU machine runs: build csrc (in the background, sm_90a only), run the GPU
 # tests, the quantizer sweep, the benchmarks, and print a short table LAST.
-# Usage: scripts/gpu_run.sh [tests|profile|breakdown|sweep|decomp|trace|bench|e2e|ncu|diag|all]...
+# Usage: scripts/gpu_run.sh [tests|profile|breakdown|sweep|decomp|trace|bias|bench|e2e|ncu|diag|all]...
 # Expects the nvidia-cutlass wheel under .whl/ (carried); writes logs and JSON under $OUT.
 set -u
 OUT=${OUT:-/tmp/hot_out}; mkdir -p "$OUT"
@@ -88,6 +88,9 @@ case " $what " in *" profile "*|*" all "*)
 esac
 case " $what " in *" trace "*)
   timeout 150 python3 benchmarks/layer_trace.py 2>&1 | grep -v "^W1" | tee "$OUT/layer_trace.log" | head -80
+esac
+case " $what " in *" bias "*|*" bench "*|*" all "*)
+  timeout 60 python3 benchmarks/bias_partials.py 2>&1 | tee "$OUT/bias_partials.log" | tail -6
 esac
 case " $what " in *" bench "*|*" all "*)
   HOT_FAST_AUTOTUNE=${HOT_FAST_AUTOTUNE:-0} timeout 300 python3 -m hot.bench.backward --json "$OUT/bench_backward.json" --md "$OUT/bench_backward.md" > /tmp/bench_backward.log 2>&1 || tail -30 /tmp/bench_backward.log

@@ -198,7 +198,7 @@ def fused_backward(gy, wt, qx, sx, hq: tuple, hla: tuple, hq_w: tuple, gx_dtype:
     operand. Exactly (int_gemm_nt(q_gy, q_w, s_gy, s_w), int_gemm_nt(q_hla, qx, s_hla, sx)) with
     (q_gy, s_gy, q_hla, s_hla) = gy_quantize(gy, *hq, *hla) and (q_w, s_w) = hq_quantize(wt, *hq_w).
     g_b: with need_gb, the column sums of gy in gy's dtype (float32 sums formed by the g_y pass's
-    kernels, quant.gy_pass bsum=True), else None (also where the kernel cannot form them).
+    stats kernel, quant.gy_pass bsum=True), else None (also where the kernel cannot form them).
 
     The first call for a pair of plans launches them in Python (which registers them) and
     composes the GEMMs; later calls are one C++ call."""
@@ -224,7 +224,7 @@ def fused_backward(gy, wt, qx, sx, hq: tuple, hla: tuple, hq_w: tuple, gx_dtype:
         qw, sw, _, _ = quant.gy_pass(wt, hq_w, None)
         gx = int_gemm_nt(outs[0], qw, outs[1], sw, gx_dtype)
         gw = int_gemm_nt(outs[2], qx, outs[3], sx, gw_dtype)
-        return gx, gw, (outs[4] if bsum else None)
+        return gx, gw, (outs[4].to(gy.dtype) if bsum else None)
     from ._ext import result_or_raise
 
     CALLS["fused_backward"] += 1

@@ -225,7 +225,7 @@ def _pass_plan(r: int, c: int, sx: tuple, dtype: torch.dtype, dev: torch.device,
         even = bool(tile) and r % tile["BLOCK_R"] == 0 and c % tile["BLOCK_C"] == 0
         sw.update(HQ_METHOD=v4[0], HLA_METHOD=v4[1], HLA_PART=int(split), SEL=_sel(rank, selection),
                   EVEN=even)
-    qsw = dict({k: v for k, v in sw.items() if k != "DO_BSUM" or v4}, RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
+    qsw = dict({k: v for k, v in sw.items() if k != "DO_BSUM"}, RANK=rank, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
                HQ_STOCH=bool(hq and hq[2]), HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0,
                HLA_STOCH=bool(hla and hla[4]),
                # The spec rounds t * r and v + u separately: no FMA contraction (quant_kernels).
@@ -251,8 +251,7 @@ def pass_args(x: torch.Tensor, p: dict, hq: Optional[tuple], hla: Optional[tuple
     """The runtime arguments of one pass over x with plan p: (stats_args, quant_args, outputs),
     outputs = (hq_q, hq_s, hla_q, hla_s) that quant_args fill (None for a part not asked for);
     with a bsum plan, stats_args[_BSUM_ARG] is the (C, row tiles) float32 buffer of the bias
-    partial sums that the stats kernel fills, and quant_args[-1] the (C,) bias gradient in x's
-    dtype that the quantize kernel sums them into. Takes the next epoch of the absmax workspace. Shared by gy_pass and the benchmarks that
+    partial sums that the stats kernel fills. Takes the next epoch of the absmax workspace. Shared by gy_pass and the benchmarks that
     launch the two kernels separately (benchmarks/gy_pass_breakdown.py, quant_variants.py)."""
     r, c = x.shape
     dev = x.device
@@ -269,14 +268,11 @@ def pass_args(x: torch.Tensor, p: dict, hq: Optional[tuple], hla: Optional[tuple
     if hla:
         hla_q = torch.empty((c, p["lr"]), dtype=torch.int8, device=dev)
         hla_s = torch.empty(p["hla_spad"], dtype=torch.float32, device=dev).as_strided((nl, 1), (1, 1))
-    bsum = gb = amax
-    if p["bsum"]:
-        bsum = torch.empty((c, p["grid"][0]), dtype=torch.float32, device=dev)
-        gb = torch.empty(c, dtype=x.dtype, device=dev)
     quant_args = base + (
         hq_q if hq else amax, hq_s if hq else amax, p["c16"], _key(hq[3]) if hq else 0,
         hla_q if hla else amax, hla_s if hla else amax, p["lr"], p["l16"] // BLOCK,
-        _key(hla[5]) if hla else 0, bsum, gb)
+        _key(hla[5]) if hla else 0)
+    bsum = torch.empty((c, p["grid"][0]), dtype=torch.float32, device=dev) if p["bsum"] else amax
     return base + (epoch, bsum), quant_args, (hq_q, hq_s, hla_q, hla_s)
 
 
@@ -292,9 +288,8 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple], bsum: bo
     hla = (rank, selection, bits, scale_mode, stochastic, seed)   -> (q (C, L16/16*rank), scale)
     Returns (hq_q, hq_s, hla_q, hla_s), None for a part not asked for. Both bits must be > 0.
     The scales are formed inside quant_kernel. bsum=True (HLA asked for, bsum_capable()) also
-    returns x's column sums (C,) in x's dtype as a fifth output, summed in float32 by the stats
-    kernel per row of tiles and then over those rows by the quantize kernel's first row of
-    tiles: the bias gradient without another read of x or another launch.
+    returns x's column sums in float32 (C,) as a fifth output, summed by the stats kernel per
+    row of tiles and then over those rows: the bias gradient without another read of x.
     """
     p = plan_for(x, hq, hla, bsum)
     out = native.quant_pass(x, p, hq, hla)  # one C++ call once the plan's kernels are registered
@@ -310,7 +305,7 @@ def gy_pass(x: torch.Tensor, hq: Optional[tuple], hla: Optional[tuple], bsum: bo
     kq = p["quant"](p["grid"], quant_args, p["qsw"], (p["uid"], xa, _spec(quant_args[_HQ_KEY_ARG]),
                                                       _spec(quant_args[_HLA_KEY_ARG])))
     native.register(p, x, ks, kq, (len(stats_args), len(quant_args)))
-    return outputs + (quant_args[-1],) if bsum else outputs
+    return outputs + (stats_args[_BSUM_ARG].sum(1),) if bsum else outputs
 
 
 def _tag(q: torch.Tensor, bits: int) -> torch.Tensor:

@@ -222,8 +222,7 @@ def stats_kernel(
     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
     DO_BSUM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    # bsum_ptr / DO_BSUM (and quant_kernel's bsum_ptr, gb_ptr): the v4 kernels' bias sums; this
-    # variant never forms them.
+    # bsum_ptr / DO_BSUM: the v4 kernel's bias partial sums; this variant never forms them.
     tl.static_assert(not DO_BSUM)
     ZR: tl.constexpr = BLOCK_R // 16 * RP
     pid_r = tl.program_id(0)
@@ -261,7 +260,7 @@ def _hq_u_tile(rows, pid_c, C16, key, BLOCK_R: tl.constexpr, BLOCK_C: tl.constex
 def quant_kernel(
     x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr,
     hq_q_ptr, hq_s_ptr, C16, hq_key,
-    hla_q_ptr, hla_s_ptr, LR, NBLK, hla_key, bsum_ptr, gb_ptr,
+    hla_q_ptr, hla_s_ptr, LR, NBLK, hla_key,
     RANK: tl.constexpr, RP: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,

@@ -267,55 +267,24 @@ def _hla_u_v4(cols, jb, LR, key, NJ: tl.constexpr, BLOCK_C: tl.constexpr, RANK: 
     return u
 
 
-@triton.jit
-def _round_out(v, DT: tl.constexpr):
-    """float32 v in DT, rounded to nearest even. bfloat16 by integer rounding of the float32 bits
-    (NaN kept NaN): the Triton interpreter truncates a bfloat16 cast, the GPU rounds to nearest
-    even; this is the GPU's result on both."""
-    if DT == tl.bfloat16:
-        b = v.to(tl.uint32, bitcast=True)
-        b = tl.where(v != v, 0x7FC00000, b + 0x7FFF + ((b >> 16) & 1))
-        out = (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    else:
-        out = v.to(DT)
-    return out
-
-
-@triton.jit
-def _bias_total(bsum_ptr, gb_ptr, cols, cmask, IDX64: tl.constexpr, BLOCK_C: tl.constexpr):
-    """gb[c] = sum over the row tiles g of the stats kernel's partials bsum[c, g], for the tile's
-    columns, in float32 and a fixed order (16-wide chunks of g summed elementwise, then one
-    tree sum), stored in gb's dtype (the bias gradient's)."""
-    nt = tl.num_programs(0)
-    acc = tl.zeros((BLOCK_C, 16), tl.float32)  # 16 wide: few registers (the kernel's occupancy)
-    for g0 in range(0, nt, 16):
-        g = g0 + tl.arange(0, 16)
-        acc += tl.load(bsum_ptr + _idx(cols, IDX64)[:, None] * nt + g[None, :],
-                       mask=cmask[:, None] & (g[None, :] < nt), other=0.0)
-    tl.store(gb_ptr + cols, _round_out(tl.sum(acc, axis=1), gb_ptr.dtype.element_ty), mask=cmask)
-
-
 @triton.jit(do_not_specialize=["hq_key", "hla_key"])
 def quant_kernel_v4(
     x_ptr, sxr, sxc, R, C, hb_ptr, tb_ptr, hq_amax_ptr, hla_amax_ptr,
     hq_q_ptr, hq_s_ptr, C16, hq_key,
-    hla_q_ptr, hla_s_ptr, LR, NBLK, hla_key, bsum_ptr, gb_ptr,
+    hla_q_ptr, hla_s_ptr, LR, NBLK, hla_key,
     RANK: tl.constexpr, RP: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,
     DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
     HQ_METHOD: tl.constexpr, HLA_METHOD: tl.constexpr, HLA_PART: tl.constexpr, SEL: tl.constexpr,
-    EVEN: tl.constexpr, DO_BSUM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """quant_kernels.quant_kernel with the transforms of HQ_METHOD / HLA_METHOD (module doc):
     scale = amax / qmax (1 where amax == 0), v = t * (1 / scale), codes by _round with u of the
     code's row-major index in q (hash stream, one hash per pair where the pair is at hand), the
-    same as quant_kernel. Compile with enable_fp_fusion=False. DO_BSUM: the programs of the
-    first row of tiles also add up the stats kernel's bias partial sums (_bias_total): the bias
-    gradient without another launch."""
+    same as quant_kernel. Compile with enable_fp_fusion=False."""
     ZR: tl.constexpr = BLOCK_R // 16 * RP
     tl.static_assert(RP == RANK)  # every rank hla_rows accepts is a power of two
-    tl.static_assert((not DO_BSUM) or (DO_HLA and HLA_METHOD == "bfly"))
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     part = tl.program_id(2)
@@ -370,9 +339,6 @@ def quant_kernel_v4(
                 else:
                     tl.store(hla_q_ptr + off, q,
                              mask=(jb < NBLK)[:, None, None] & cmask[None, :, None])
-                if DO_BSUM:
-                    if pid_r == 0:
-                        _bias_total(bsum_ptr, gb_ptr, cols, cmask, IDX64, BLOCK_C)
             else:
                 rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
                 x = tl.load(x_ptr + _idx(rows[:, None], IDX64) * sxr + _idx(cols[None, :], IDX64) * sxc,

@@ -109,7 +109,7 @@ def test_fused_backward_equals_composed(ext, gdt, wdt, mode, monkeypatch):
     assert out[2] is None  # no bias gradient asked for
     # With the bias gradient: the first call launches the bsum plan in Python (registering it),
     # the second is one C++ call; both give the composed g_x and g_W, and the same g_b bits
-    # (the same stats-kernel partial sums, added up by the same quantize kernel).
+    # (the same stats-kernel partial sums, summed by the same ATen op).
     first = native.fused_backward(*args, need_gb=True)
     second = native.fused_backward(*args, need_gb=True)
     assert native.CALLS["fused_backward"] == before + 2
