@@ -45,14 +45,12 @@ from triton.language.extra import libdevice
 
 from .arch import INTERPRET
 
-# GPU-only instruction forms (libdevice, inline PTX) where they save work per code; the Triton
-# interpreter has neither and runs the portable forms, which give the same bits:
-# - stochastic codes: floor(v + u) by cvt.rmi.s32.f32 (libdevice float2int_rd), which floors
-#   and converts in one instruction, maps NaN to 0 and saturates, then an integer clamp (the
-#   same codes as floor, float clamp, NaN select and convert: 4 instructions per code fewer);
-# - u: the mask-and-set of its float32 bit pattern as one LOP3 (_u_lo, _u_hi).
-# docs/kernels.md, "Session 6" has the instruction counts.
-_PTX = tl.constexpr(not INTERPRET)
+# Stochastic codes on the GPU: floor(v + u) by cvt.rmi.s32.f32 (libdevice float2int_rd), which
+# floors and converts in one instruction, maps NaN to 0 and saturates, then an integer clamp:
+# the same codes as floor, float clamp, NaN select and convert (4 instructions per code fewer,
+# about 10% of the quantize kernel's; docs/kernels.md). The interpreter has no libdevice and
+# runs the float form.
+_FLOOR_CVT = tl.constexpr(not INTERPRET)
 
 
 @triton.jit
@@ -66,36 +64,20 @@ def _mix32(x):
     return x
 
 
-# (x & 0x7FFF80) | 0x3F800040 as one LOP3 (lookup table 0xEA = (a & b) | c) after the shift:
-# the compiler emits two, as it will not hold one of the two constants in a register.
-_LOP3_SHL7 = tl.constexpr("{ .reg .b32 t; shl.b32 t, $1, 7; "
-                          "lop3.b32 $0, t, 0x7FFF80, 0x3F800040, 0xEA; }")
-_LOP3_SHR9 = tl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 9; "
-                          "lop3.b32 $0, t, 0x7FFF80, 0x3F800040, 0xEA; }")
-
-
 @triton.jit
 def _u_lo(w):
     """(k + 1/2) / 2^16 for k = the low 16 bits of the uint32 hash w. Built as the float32 bit
     pattern of 1 + k 2^-16 + 2^-17 (k in mantissa bits 22..7, bit 6 the half) minus 1.0, which
     is exact (17 significant bits), instead of an int-to-float conversion (quarter rate on
     NVIDIA GPUs)."""
-    if _PTX:
-        b = tl.inline_asm_elementwise(_LOP3_SHL7, "=r,r", [w], dtype=tl.uint32, is_pure=True,
-                                      pack=1)
-    else:
-        b = ((w << 7) & 0x7FFF80) | 0x3F800040
+    b = ((w << 7) & 0x7FFF80) | 0x3F800040
     return b.to(tl.float32, bitcast=True) - 1.0
 
 
 @triton.jit
 def _u_hi(w):
     """(k + 1/2) / 2^16 for k = the high 16 bits of w (as _u_lo)."""
-    if _PTX:
-        b = tl.inline_asm_elementwise(_LOP3_SHR9, "=r,r", [w], dtype=tl.uint32, is_pure=True,
-                                      pack=1)
-    else:
-        b = ((w >> 9) & 0x7FFF80) | 0x3F800040
+    b = ((w >> 9) & 0x7FFF80) | 0x3F800040
     return b.to(tl.float32, bitcast=True) - 1.0
 
 
@@ -133,7 +115,7 @@ def _round(v, u, QMAX: tl.constexpr, STOCH: tl.constexpr):
     """clamp(floor(v + u), +-QMAX) (v + u one float32 addition) with u from the hash stream, or
     clamp(round_half_even(v)) (u unused); NaN -> 0 (the scale carries the NaN), exactly as
     quant.round_to_levels."""
-    if STOCH and _PTX:
+    if STOCH and _FLOOR_CVT:
         qi = libdevice.float2int_rd(v + u)
         lim = tl.full((1,), QMAX, tl.float32).to(tl.int32)
         qi = tl.minimum(tl.maximum(qi, -lim), lim)
