@@ -72,13 +72,16 @@ _LIB = torch.library.Library("hot", "FRAGMENT")
 
 
 def _def(schema: str, fn, fake):
-    """Declare hot::<schema> with ``fn`` as its CPU and CUDA kernel and ``fake`` for tracing."""
+    """Declare hot::<schema> with ``fn`` as its kernel on every device and ``fake`` for tracing."""
     name = schema.split("(", 1)[0]
     _LIB.define(schema, tags=_TAGS)
-    for key in ("CPU", "CUDA"):
+    # Per device, not CompositeExplicitAutograd (which would also serve meta tensors: the body
+    # reads live layer state and must never run while tracing).
+    for key in ("CPU", "CUDA", "XPU", "MPS"):
         _LIB.impl(name, fn, key)
     torch.library.register_fake("hot::" + name, fake, lib=_LIB)
     return getattr(torch.ops.hot, name).default
+
 
 _LAYERS: "weakref.WeakValueDictionary[int, torch.nn.Module]" = weakref.WeakValueDictionary()
 _KEYS = itertools.count(1)
