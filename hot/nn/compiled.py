@@ -292,10 +292,9 @@ def _backward_2d(ctx, gy2d, unfold=None):
         saved[0] = unfold(saved[0])
     w2d = t[ctx.n_saved] if ctx.need_gx else None
     need_gb = ctx.has_bias and ctx.needs_input_grad[2]
-    gx, gw, gb = torch.ops.hot.layer_bwd(gy2d, w2d, saved[0], saved[1], ctx.key, ctx.exact,
-                                         ctx.seq, ctx.need_gx, ctx.need_gw, need_gb,
-                                         ctx.in_features, ctx.x_dtype, ctx.w_dtype,
-                                         ctx.recompute)
+    gx, gw, gb = layer_bwd(gy2d, w2d, saved[0], saved[1], ctx.key, ctx.exact, ctx.seq,
+                           ctx.need_gx, ctx.need_gw, need_gb, ctx.in_features, ctx.x_dtype,
+                           ctx.w_dtype, ctx.recompute)
     return (gx if ctx.need_gx else None), (gw if ctx.need_gw else None), (gb if need_gb else None)
 
 

@@ -165,7 +165,7 @@ class HOTLinearFunction(torch.autograd.Function):
         need_gx, need_gw, need_gb = ctx.needs_input_grad[:3]
         t = ctx.saved_tensors
         saved, w = t[: ctx.n_saved], (t[ctx.n_saved] if need_gx else None)
-        if need_gw and ctx.recompute:
+        if ctx.recompute:  # implies need_gw
             with no_autocast(gy.device.type):
                 saved = abc_save(ctx.plan, saved[0])
         gy2d = gy.reshape(-1, gy.shape[-1])
@@ -226,7 +226,7 @@ class HOTConv2dFunction(torch.autograd.Function):
         stride, padding, dilation = ctx.geom
         t = ctx.saved_tensors
         saved = t[: ctx.n_saved]
-        if need_gw and ctx.recompute:
+        if ctx.recompute:  # implies need_gw
             with no_autocast(gy.device.type):
                 saved = abc_save(ctx.plan, patches(saved[0], ctx.w_shape[-2:], *ctx.geom))
         w = t[ctx.n_saved].reshape(ctx.w_shape[0], -1) if need_gx else None
