@@ -92,9 +92,9 @@ class HLAConfig:
         pre-activation) instead of saving it. Eagerly the work only moves from forward to
         backward (under compile the compiler also recomputes x). Where it applies, a layer
         keeps nothing of its own (docs/performance.md, round 6); under compile the rebuilt x
-        may differ from the forward's by the rounding of the compiler's recomputation. "recompute" keeps more where x is not kept anyway, except
-        for convs whose patches' codes outgrow x (a 3x3 stride-1 conv's take 4.5 bytes per
-        element of x).
+        may differ from the forward's by the rounding of the compiler's recomputation.
+        "recompute" keeps more where x is not kept anyway, except for convs whose patches'
+        codes outgrow x (a 3x3 stride-1 conv's take 4.5 bytes per element of x).
     """
 
     rank: int = 8

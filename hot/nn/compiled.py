@@ -20,8 +20,8 @@ the eager path does (``make_plan``, ``abc_save``, ``hot_backward``: no duplicate
                                   saved1 = the seed: the ABC copy is formed here)
 
 A torch.autograd.Function per forward op (_LinearFn, _ConvFn) carries its backward, which
-dynamo traces into the joint graph; reshapes and F.fold stay in the traced graph. The bias gradient (sum of g_y over tokens) is computed inside
-layer_bwd, as eager mode does: the same summation order, and the op always has a used output
+dynamo traces into the joint graph; reshapes and F.fold stay in the traced graph. The bias
+gradient (sum of g_y over tokens) is computed inside layer_bwd, as eager mode does: the same summation order, and the op always has a used output
 when it runs, so a layer whose only trainable tensor is the bias still advances its step (a
 functional op whose outputs are all unused would be dead-code eliminated).
 

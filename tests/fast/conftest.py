@@ -14,7 +14,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-
 @pytest.fixture(scope="module")
 def ext():
     """hot.fast._ext with its module loaded (HOT_JIT_BUILD=1: JIT-built for the visible GPU when

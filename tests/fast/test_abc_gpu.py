@@ -46,4 +46,5 @@ def test_fast_backward_codes_equal_forward_codes(abc, autocast):
         grads[mode] = out
     for step, (a, b) in enumerate(zip(grads["save"], grads[abc])):
         for k in a:
-            assert torch.equal(a[k], b[k]), f"step {step}: {k} differs by {(a[k] - b[k]).abs().max()}"
+            assert torch.equal(a[k], b[k]), \
+                f"step {step}: {k} differs by {(a[k] - b[k]).abs().max()}"

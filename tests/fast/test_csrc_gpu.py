@@ -1,9 +1,9 @@
 """The CUTLASS kernels of csrc/ on a GPU, against exact integer math on the CPU.
 
 Run on an H100/H200 (or an Ampere card) with `pytest -m gpu tests/fast/test_csrc_gpu.py`. The
-module fixture `ext` (tests/fast/conftest.py) loads hot.fast._C through hot.fast._ext (the prebuilt module, else one compiled now
-for the visible GPU: about a minute or two; set TORCH_CUDA_ARCH_LIST to override), so a missing
-build fails loudly instead of skipping. The kernels are called through the _ext wrappers, which
+module fixture `ext` (tests/fast/conftest.py) loads hot.fast._C through hot.fast._ext (the
+prebuilt module, else one compiled now for the visible GPU: about a minute or two; set
+TORCH_CUDA_ARCH_LIST to override), so a missing build fails loudly instead of skipping. The kernels are called through the _ext wrappers, which
 turn the raw module's (result, err) returns into results or exceptions.
 
 Why bitwise equality is the right bound: the integer sum is exact (int32, no overflow by

@@ -1,8 +1,8 @@
 """Native launches (hot.fast.native, csrc/triton_launch.h) against the Python launches, on a GPU.
 
 Run with `pytest -m gpu tests/fast/test_native_gpu.py` on an H100/H200 (the extension is loaded by
-the `ext` fixture of tests/fast/conftest.py). The native path builds the same kernel arguments in C++ and must give the
-very same outputs: every code and scale is a deterministic function of the input, the seeds and
+the `ext` fixture of tests/fast/conftest.py). The native path builds the same kernel arguments in
+C++ and must give the very same outputs: every code and scale is a deterministic function of the input, the seeds and
 the element index, so the expected bound is bitwise equality, not a tolerance.
 """
 

@@ -24,9 +24,9 @@ VARIANTS = [v for v in arch.QKERNELS if v != "dot"]
 
 # (shape, dtype, transposed view, hq (bits, mode, stoch, seed) or None,
 #  hla (rank, selection, bits, mode, stoch, seed) or None). Shapes but the last are not multiples
-# of the 64-row tile nor of 16; together they cover fp32/bf16/fp16, 'row' and 'tensor' scales, HQ only,
-# HLA only and fused, ranks 1-16 (1 both nearest and stochastic), both selections, nearest and
-# stochastic rounding.
+# of the 64-row tile nor of 16; together they cover fp32/bf16/fp16, 'row' and 'tensor' scales,
+# HQ only, HLA only and fused, ranks 1-16 (1 both nearest and stochastic), both selections,
+# nearest and stochastic rounding.
 CASES = [
     ((50, 70), torch.float32, False, (4, "row", True, 11), (8, "lowpass", 8, "row", True, 12)),
     ((37, 21), torch.bfloat16, False, (8, "tensor", False, 3), (16, "lp_l1", 8, "tensor", True, 4)),
