@@ -11,7 +11,7 @@ HOT changes only the backward pass of nn.Linear and nn.Conv2d layers:
     hot.convert(model)            # the paper's setting; HOTConfig.exact() for exact gradients
 """
 
-from . import reference  # noqa: F401  (registers the reference backend)
+from . import reference  # noqa: F401  (registers the reference backend and the default ops)
 from .common.backend import BackendUnavailableError, register_loader
 from .common.config import HLAConfig, HOTConfig, HOTConfigError, HQConfig, LQSConfig
 from .nn import HOTConv2d, HOTLayerError, HOTLinear, convert, hot_layers, set_config, unconvert
