@@ -20,7 +20,9 @@ state at run time:
 
 ``LinearFn`` / ``ConvFn`` wire them: forward runs the forward operator, setup_context keeps
 what backward needs (one convention for both layer types: the ABC codes, or x while exact or
-recomputing), backward runs hot::layer_bwd. The one switch between eager and traced use is
+recomputing), backward runs hot::layer_bwd. The backward is not itself differentiable
+(once_differentiable): a double backward through a HOT layer raises instead of returning the
+wrong Hessian-vector product. The one switch between eager and traced use is
 ``_call``: while dynamo traces, the operators go into the graph; eagerly their bodies are called
 directly (the torch.library dispatcher would add 20-40 us of host time per call and nothing
 else). Reshapes and F.fold stay outside the operators, in traced code.
@@ -51,6 +53,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from ..common import ops
 from .backward import abc_codes, hot_backward, kept_by_producer, no_autocast, patches, seq_pad
@@ -115,7 +118,7 @@ def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: i
     """make_plan for this call, after checking the constants the caller passed (traced ones may
     be stale) against the layer's live state."""
     cfg = layer.hot_config
-    plan = make_plan(layer, cfg, layer._backend_for(x.device), seq)
+    plan = make_plan(layer, cfg, layer._backend_for(x.device), seq, x.numel() == 0)
     h = cfg.hla
     # "auto" was resolved by the caller (from the producer or the partitioner's flag): either is
     # live.
@@ -193,6 +196,7 @@ class LinearFn(torch.autograd.Function):
                       need_gw, x2d.shape[1], x2d.dtype, w.dtype, recompute, b is not None)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, gy2d, _gq, _gs):
         gx, gw, gb = _backward_2d(ctx, gy2d)
         return (gx, gw, gb) + (None,) * 9
@@ -261,6 +265,7 @@ class ConvFn(torch.autograd.Function):
         ctx.x_shape, ctx.w_shape = tuple(x.shape), tuple(w.shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, gy, _gq, _gs):
         stride, padding, dilation = ctx.geom
         gy2d = gy.permute(0, 2, 3, 1).reshape(-1, gy.shape[1])
@@ -270,7 +275,8 @@ class ConvFn(torch.autograd.Function):
         gx, gw, gb = _backward_2d(ctx, gy2d, unfold)
         if gx is not None:
             # fold is the adjoint of unfold: overlapping patches sum, as the exact gradient does.
-            gx = gx.reshape(ctx.x_shape[0], -1, gx.shape[1]).transpose(1, 2)
+            positions = gy.shape[2] * gy.shape[3]
+            gx = gx.reshape(ctx.x_shape[0], positions, gx.shape[1]).transpose(1, 2)
             gx = F.fold(gx, ctx.x_shape[-2:], ctx.w_shape[-2:], dilation, padding, stride)
         if gw is not None:
             gw = gw.reshape(ctx.w_shape)
@@ -365,7 +371,8 @@ def _recompute(layer, x: torch.Tensor) -> bool:
 def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int):
     """(need_gx, need_gw, exact, seq, rank, bits, row, recompute): the constants of this call."""
     h = layer.hot_config.hla
-    return (x.requires_grad, w.requires_grad, layer._hot_exact_phase, seq, h.rank, h.bits or 0,
+    exact = layer._hot_exact_phase or x.numel() == 0
+    return (x.requires_grad, w.requires_grad, exact, seq, h.rank, h.bits or 0,
             h.scale == "channel", _recompute(layer, x))
 
 

@@ -7,6 +7,7 @@ and add two persistent buffers, ``hot_step`` and ``hot_lqs`` (see ``hot.nn.state
 from __future__ import annotations
 
 import copy
+import copyreg
 import zlib
 from typing import Optional
 
@@ -83,6 +84,24 @@ class _HOTMixin:
         if "_hot_key" in self.__dict__:
             self._hot_key = autograd.register(self)
 
+    def __reduce_ex__(self, protocol):
+        # The HOT class of a subclass is made at run time (hot_class): pickle it as "the HOT
+        # class of <original class>", which unpickling rebuilds.
+        rv = super().__reduce_ex__(protocol)
+        if type(self) in (HOTLinear, HOTConv2d) or rv[0] is not copyreg.__newobj__:
+            return rv
+        return (_new_hot_instance, (type(self)._hot_original,)) + tuple(rv[2:])
+
+    def _apply(self, fn, recurse=True):
+        # Casts and moves (half(), to(), to_empty() after meta init) rebuild the buffers; the
+        # Python mirrors are the truth, so the buffers are written from them again (to_empty
+        # leaves uninitialized memory, and a float cast must never touch the state).
+        out = super()._apply(fn, recurse)
+        if "_hot_step_value" in self.__dict__ and self.hot_step.device.type != "meta":
+            self.hot_step.fill_(self._hot_step_value)
+            self.hot_lqs.fill_(self._hot_lqs_value)
+        return out
+
     def hot_step_value(self) -> int:
         return self._hot_step_value
 
@@ -112,15 +131,30 @@ class _HOTMixin:
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
-        # A plain model's checkpoint has no hot_* buffers: keep their current values.
+        # A plain model's checkpoint has no hot_* buffers: the layer keeps its state. With them,
+        # the state is read from the checkpoint's values (the mirrors first: load with
+        # assign=True replaces the buffer objects themselves).
+        for k, attr in (("hot_step", "_hot_step_value"), ("hot_lqs", "_hot_lqs_value")):
+            v = state_dict.get(prefix + k)
+            if v is not None and attr in self.__dict__:
+                if v.numel() != 1 or v.dtype.is_floating_point:
+                    error_msgs.append(f"HOT layer {self.hot_name!r}: {prefix + k} must be one "
+                                      f"integer, got shape {tuple(v.shape)} {v.dtype}")
+                    continue
+                self.__dict__[attr] = int(v)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
-        for k in ("hot_step", "hot_lqs"):
+        for k in HOT_BUFFERS:
             if prefix + k in missing_keys:
                 missing_keys.remove(prefix + k)
-        if hasattr(self, "_hot_step_value"):
-            self._hot_step_value = int(self.hot_step)
-            self._hot_lqs_value = int(self.hot_lqs)
+        if "_hot_step_value" in self.__dict__:
+            if self.hot_step.device.type != "meta":
+                self.hot_step.fill_(self._hot_step_value)
+                self.hot_lqs.fill_(self._hot_lqs_value)
+            if self._hot_lqs_value not in (-1, 0, 1):
+                error_msgs.append(f"HOT layer {self.hot_name!r}: {prefix}hot_lqs = "
+                                  f"{self._hot_lqs_value} is not -1, 0 or 1")
+                self._hot_lqs_value = LQS_UNDECIDED
             self._hot_exact_phase = self._hot_step_value < self.hot_config.exact_steps
 
     def _backend_for(self, device: torch.device) -> str:
@@ -211,8 +245,8 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
         self._check_input(x)
         if x.dim() != 4:
             raise HOTLayerError(
-                f"HOT layer {self.hot_name!r}: HOTConv2d takes 4-D input (N, C, H, W), got shape "
-                f"{tuple(x.shape)}; add a batch dimension (x.unsqueeze(0))."
+                f"HOT layer {self.hot_name!r}: HOTConv2d takes (N, C, H, W) or (C, H, W) input, "
+                f"got shape {tuple(x.shape)}."
             )
 
     def _seq(self, x: torch.Tensor, w: torch.Tensor, geom) -> int:
@@ -224,6 +258,8 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
         return h * wd
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 3:  # unbatched, as nn.Conv2d accepts
+            return self.forward(x.unsqueeze(0)).squeeze(0)
         self._check_4d(x)
         if not self._needs_backward(x):
             return self._conv_forward(x, self.weight, self.bias)
@@ -260,3 +296,30 @@ def conv_supported(mod: nn.Conv2d) -> Optional[str]:
         except HOTLayerError:
             return "padding='same' with an even kernel (asymmetric padding)"
     return None
+
+
+HOTLinear._hot_original = nn.Linear
+HOTConv2d._hot_original = nn.Conv2d
+_HOT_CLASSES: dict = {nn.Linear: HOTLinear, nn.Conv2d: HOTConv2d}
+
+
+def hot_class(cls: type) -> type:
+    """The HOT layer class for modules of class ``cls`` (nn.Linear, nn.Conv2d or a subclass that
+    keeps the parent's forward): HOTLinear / HOTConv2d, or for a subclass a class derived from
+    both, so the converted layer is still an instance of ``cls`` and keeps its other methods."""
+    hot = _HOT_CLASSES.get(cls)
+    if hot is None:
+        base = HOTLinear if issubclass(cls, nn.Linear) else HOTConv2d
+        hot = _HOT_CLASSES[cls] = type(f"HOT{cls.__name__}", (base, cls),
+                                       {"__module__": __name__, "_hot_original": cls})
+    return hot
+
+
+def original_class(cls: type) -> type:
+    """The class a HOT layer class was made for (what unconvert restores)."""
+    return cls._hot_original
+
+
+def _new_hot_instance(original: type):
+    cls = hot_class(original)
+    return cls.__new__(cls)

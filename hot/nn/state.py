@@ -75,9 +75,11 @@ def layer_seed(cfg: HOTConfig, layer_id: int, step: int, salt: int) -> int:
     return derive_seed(s, r) if r else s
 
 
-def make_plan(layer, cfg: HOTConfig, backend: str, seq: int) -> LayerPlan:
+def make_plan(layer, cfg: HOTConfig, backend: str, seq: int, empty: bool = False) -> LayerPlan:
+    """The plan of one forward call. An input without tokens (an empty batch, an expert that got
+    none) runs exactly: its gradients are empty or zero, with nothing to quantize."""
     step = layer.hot_step_value()
-    exact = step < cfg.exact_steps
+    exact = step < cfg.exact_steps or empty
     seed_x = 0 if exact or not cfg.hla.bits or cfg.hla.rounding != "stochastic" \
         else layer_seed(cfg, layer.hot_id, step, 1)
     return LayerPlan(cfg, backend, exact, seq, seed_x)
