@@ -9,8 +9,9 @@ no implementation of an operation gets the default's.
 
 Conventions: block = 16; ``bits = 0`` means "no quantization" (q is float32, or float64 for a
 float64 input, and scale is ones); ``scale_mode`` is ROW (one scale per output row) or TENSOR
-(one scale); ``seed`` feeds the counter-based stream of ``hot.common.quant.uniform`` over the
-row-major index of q.
+(one scale); ``seed`` (an int, or a hot.common.quant.StepSeed that follows a layer's step
+counter in device memory) feeds the counter-based stream of ``hot.common.quant.uniform`` over
+the row-major index of q.
 
 hq_quantize(x (R, C), HQArgs) -> Quantized(q (R, C16), scale (R|1, 1))
     C16 = C rounded up to a multiple of 16 (zero columns). With H = hadamard16() on each block
@@ -49,6 +50,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from .config import BLOCK
+from .quant import StepSeed
 
 
 class ScaleMode(str, enum.Enum):
@@ -64,7 +66,7 @@ class HQArgs(NamedTuple):
     bits: int  # 0 = no quantization
     scale_mode: ScaleMode
     stochastic: bool
-    seed: int
+    seed: "int | StepSeed"
 
 
 class HLAArgs(NamedTuple):
@@ -75,7 +77,7 @@ class HLAArgs(NamedTuple):
     bits: int  # 0 = no quantization
     scale_mode: ScaleMode
     stochastic: bool
-    seed: int
+    seed: "int | StepSeed"
 
 
 class Quantized(NamedTuple):

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -127,6 +128,31 @@ def derive_seed_from(h: int, *parts: int) -> int:
 def derive_seed(*parts: int) -> int:
     """A 31-bit seed from several integers (layer id, step, operand), mixed so nearby inputs differ."""
     return seed_prefix(*parts) & 0x7FFFFFFF
+
+
+def step_seed(base: int, step: int) -> int:
+    """The 31-bit seed of step ``step`` of a counter whose constant part is ``base``:
+    mix32(base XOR mix32(step mod 2^32)) & 0x7FFFFFFF. The fast kernels form the same from the
+    counter in device memory (so a CUDA graph replay rounds with the step of its own call)."""
+    return mix32((base & M32) ^ mix32(step & M32)) & 0x7FFFFFFF
+
+
+class StepSeed(NamedTuple):
+    """A seed that follows a step counter: ``step_seed(base, step)``. The fast kernels read the
+    step from ``counter`` (an int64 tensor of one element on the data's device); the reference
+    uses ``step`` (the host's copy of the same count), or reads the counter when that is None.
+    Both give the same seed as long as the counter holds ``step`` when the kernels run."""
+
+    base: int
+    counter: Optional[torch.Tensor]
+    step: Optional[int]
+
+
+def seed_value(seed: "int | StepSeed") -> int:
+    """The int seed of an int or a StepSeed (reading the counter if the step is not given)."""
+    if isinstance(seed, StepSeed):
+        return step_seed(seed.base, int(seed.step if seed.step is not None else seed.counter))
+    return int(seed)
 
 
 _RNG = {"mode": "default"}

@@ -25,7 +25,7 @@ import torch
 from ..common.ops import HLAArgs, HQArgs
 from ..common.options import on_change, options
 from . import _ext
-from .passes import WORKSPACE, PassOutputs, PassPlan, fixed_tile, seed_key
+from .passes import WORKSPACE, PassOutputs, PassPlan, fixed_tile, key_arg, step_counter
 
 _LOCK = threading.Lock()
 _PLANS: dict = {}  # (pass plan uid, x 16-byte aligned) -> NativePlan, or False (never)
@@ -170,8 +170,8 @@ def quant_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     CALLS["quant_pass"] += 1
     amax, epoch = WORKSPACE.take(x.device, p.nh + p.nl + 1)
     out = _ext.result_or_raise(module().quant_pass(
-        list(cp), x, p.h16, amax, epoch, seed_key(hq.seed) if hq else 0,
-        seed_key(hla.seed) if hla else 0))
+        list(cp), x, p.h16, amax, epoch, key_arg(hq.seed) if hq else 0,
+        key_arg(hla.seed) if hla else 0, step_counter(hq, hla)))
     return PassOutputs(*out)
 
 
@@ -188,6 +188,9 @@ def layer_backward(pg: PassPlan, pw: PassPlan, cg: NativePlan, cw: NativePlan, g
     dev = gy.device
     amax_g, eg = WORKSPACE.take(dev, pg.nh + pg.nl + 1)
     amax_w, ew = WORKSPACE.take(dev, pw.nh + 1)
+    step = step_counter(hq, hla)
+    if step is not step_counter(hq_w, None):
+        raise ValueError("layer_backward: the g_y and W passes must follow the same step counter")
     return _ext.result_or_raise(module().layer_backward(
-        list(cg), list(cw), gy, wt, qx, sx, pg.h16, amax_g, eg, amax_w, ew, seed_key(hq.seed),
-        seed_key(hla.seed), seed_key(hq_w.seed), gemm_kind, _DT[gx_dtype], _DT[gw_dtype]))
+        list(cg), list(cw), gy, wt, qx, sx, pg.h16, amax_g, eg, amax_w, ew, key_arg(hq.seed),
+        key_arg(hla.seed), key_arg(hq_w.seed), step, gemm_kind, _DT[gx_dtype], _DT[gw_dtype]))

@@ -66,6 +66,7 @@ class QuantizeArgs(NamedTuple):
     LR: int
     NBLK: int
     hla_key: int
+    step: torch.Tensor
 
 
 class PassOutputs(NamedTuple):
@@ -104,10 +105,34 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def _i32(v: int) -> int:
+    """v mod 2^32 as a signed 32-bit value (Triton int arguments are int32)."""
+    v &= quant.M32
+    return v - (1 << 32) if v >= (1 << 31) else v
+
+
 def seed_key(seed: int) -> int:
-    """quant.seed_key as a signed 32-bit pattern (Triton int arguments are int32)."""
-    k = quant.seed_key(seed)
-    return k - (1 << 32) if k >= (1 << 31) else k
+    """quant.seed_key as a signed 32-bit pattern."""
+    return _i32(quant.seed_key(seed))
+
+
+def key_arg(seed) -> int:
+    """What the quantize kernel takes for a part's seed: the key of an int seed, or the base of
+    a quant.StepSeed (the kernel forms the key from the step counter, kernels.quantize._key)."""
+    return _i32(seed.base) if isinstance(seed, quant.StepSeed) else seed_key(seed)
+
+
+def step_counter(hq: Optional[HQArgs], hla: Optional[HLAArgs]) -> Optional[torch.Tensor]:
+    """The step counter the pass's stochastic seeds follow, or None when they are plain ints.
+    Both parts of one pass come from one layer, so they follow the same counter."""
+    seeds = [a.seed for a in (hq, hla) if a is not None and a.stochastic]
+    steps = [s for s in seeds if isinstance(s, quant.StepSeed)]
+    if not steps:
+        return None
+    if len(steps) != len(seeds) or any(s.counter is not steps[0].counter for s in steps):
+        raise ValueError("the two parts of one quantizer pass must follow the same step counter "
+                         "(or both take int seeds)")
+    return steps[0].counter
 
 
 def sel_code(rank: int, selection: str) -> int:
@@ -169,6 +194,11 @@ class _Workspace:
         self.buf: dict = {}  # (device, stream) -> [int64 tensor, last epoch]
 
     def take(self, dev: torch.device, n: int) -> tuple[torch.Tensor, int]:
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A CUDA graph replays the epoch it was captured with, so a reused vector would keep
+            # an earlier replay's maxima: inside a graph, a fresh zeroed vector per pass (its
+            # memset is part of the graph), epoch 1.
+            return torch.zeros(max(n, 1), dtype=torch.int64, device=dev), 1
         stream = torch._C._cuda_getCurrentRawStream(dev.index) if dev.type == "cuda" else 0
         with self.lock:
             e = self.buf.get((dev, stream))
@@ -192,7 +222,7 @@ def bsum_capable() -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
-          hq: Optional[tuple], hla: Optional[tuple], bsum: bool) -> PassPlan:
+          hq: Optional[tuple], hla: Optional[tuple], bsum: bool, use_step: bool) -> PassPlan:
     c16, l16 = pad_to(c), pad_to(r)
     rank, selection = (hla[0], hla[1]) if hla else (BLOCK, "lowpass")
     stats, quantize = _launchers()
@@ -220,7 +250,7 @@ def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
     tile_kw = dict(BLOCK_R=tile.rows, BLOCK_C=tile.cols, num_warps=tile.warps) if fixed else {}
     stats_meta = Meta(**sw, DO_BSUM=bsum, DOT_DTYPE=dot_dtype, PREC=prec, **tile_kw)
     quantize_meta = Meta(
-        **sw, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0, HQ_STOCH=bool(hq and hq[2]),
+        **sw, USE_STEP=use_step, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0, HQ_STOCH=bool(hq and hq[2]),
         HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0, HLA_STOCH=bool(hla and hla[4]),
         # The spec rounds t * r and v + u separately: no FMA contraction (kernels.quantize).
         enable_fp_fusion=False, **tile_kw)
@@ -251,7 +281,7 @@ def plan_for(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
     return _plan(r, c, x.stride(), x.dtype, x.device,
                  (hq.bits, hq.scale_mode, hq.stochastic) if hq else None,
                  (hla.rank, hla.selection, hla.bits, hla.scale_mode, hla.stochastic)
-                 if hla else None, bsum)
+                 if hla else None, bsum, step_counter(hq, hla) is not None)
 
 
 def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
@@ -261,6 +291,7 @@ def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     r, c = x.shape
     dev = x.device
     amax, epoch = WORKSPACE.take(dev, p.nh + p.nl + 1)
+    step = step_counter(hq, hla)
     hla_amax = amax[p.nh:] if p.nh else amax
     hq_q = hq_s = hla_q = hla_s = None
     # Scales in allocations padded to SCALE_PAD floats: the CUTLASS GEMMs then read them in place
@@ -278,7 +309,7 @@ def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
                       bsum if bsum is not None else amax)
     quantize = QuantizeArgs(
         x, x.stride(0), x.stride(1), r, c, amax, hla_amax,
-        hq_q if hq else amax, hq_s if hq else amax, p.c16, seed_key(hq.seed) if hq else 0,
+        hq_q if hq else amax, hq_s if hq else amax, p.c16, key_arg(hq.seed) if hq else 0,
         hla_q if hla else amax, hla_s if hla else amax, p.lr, p.l16 // BLOCK,
-        seed_key(hla.seed) if hla else 0)
+        key_arg(hla.seed) if hla else 0, step if step is not None else amax)
     return stats, quantize, PassOutputs(hq_q, hq_s, hla_q, hla_s, bsum)

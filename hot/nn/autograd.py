@@ -7,8 +7,8 @@ state at run time:
 
     hot::linear_fwd(x2d, W, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute)
         -> (y2d = x2d W^T + b, q_x, s_x)     q_x, s_x = the ABC codes (empty when not kept);
-                                             with recompute: (y2d, empty, the ABC seed as a
-                                             CPU int64), and x2d is kept instead
+                                             with recompute: (y2d, empty, the layer's step
+                                             counter as of this call), and x2d is kept instead
     hot::conv_fwd(x, W, b, key, stride, padding, dilation, <same flags>)
         -> (y = conv2d(x, W, b), q_x, s_x)   ABC of the unfolded patches (or the patches
                                              themselves while exact; with recompute, x is kept,
@@ -16,7 +16,7 @@ state at run time:
     hot::layer_bwd(g_y2d, W2d, saved0, saved1, key, exact, seq, need_gx, need_gw, need_gb,
                   in_features, x_dtype, w_dtype, recompute)
         -> (g_x2d, g_W2d, g_b)   (empty when not needed; with recompute, saved0 = x2d and
-                                  saved1 = the seed: the ABC codes are formed here)
+                                  saved1 = the forward's step: the ABC codes are formed here)
 
 ``LinearFn`` / ``ConvFn`` wire them: forward runs the forward operator, setup_context keeps
 what backward needs (one convention for both layer types: the ABC codes, or x while exact or
@@ -40,9 +40,13 @@ partitioner, so each forward operator runs once per call (its ABC happens once, 
 mode). With HLAConfig.abc "recompute" (and "auto" traced while
 ``torch._functorch.config.ban_recompute_materialized_backward`` is False) the forward keeps
 x2d, a plain tensor the partitioner may rebuild in backward from what other ops keep; the
-forward's seed travels as a CPU tensor, so backward forms the codes eager mode's forward would.
-The operators are tagged cudagraph_unsafe: a CUDA graph would replay their kernels with the
-seeds of the captured step and skip the host-side state updates.
+forward's step travels as a one-element tensor, so backward forms the codes eager mode's
+forward would.
+CUDA graphs (torch.compile(mode="reduce-overhead"), or a step captured by torch.cuda.graph)
+capture the operators' kernels: the seeds follow the step counter in device memory, which a
+captured device operation advances, and nothing in them waits for the host. What the host
+decides (the exact and INT8 phases, LQS's choice, the backend) is fixed at capture, so
+capturing a layer that would still change one of them raises (``_check_capturable``).
 """
 
 from __future__ import annotations
@@ -57,14 +61,12 @@ from torch.autograd.function import once_differentiable
 
 from ..common import ops
 from .backward import abc_codes, hot_backward, kept_by_producer, no_autocast, patches, seq_pad
-from .state import LayerPlan, make_plan
+from ..common.quant import StepSeed
+from .state import ABC_X, LayerPlan, make_plan, seed_base
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "float64": torch.float64}
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
-
-# torch 2.14 has the tag; on a torch without it the operators go untagged.
-_TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
 
 # torch.library.Library rather than torch.library.custom_op: custom_op's autograd wrapper (a
 # no-grad redispatch), dynamo-disable wrapper and output alias check cost about 60 us of host
@@ -75,7 +77,7 @@ _LIB = torch.library.Library("hot", "FRAGMENT")
 def _def(schema: str, fn, fake):
     """Declare hot::<schema> with ``fn`` as its kernel on every device and ``fake`` for tracing."""
     name = schema.split("(", 1)[0]
-    _LIB.define(schema, tags=_TAGS)
+    _LIB.define(schema)
     # Per device, not CompositeExplicitAutograd (which would also serve meta tensors: the body
     # reads live layer state and must never run while tracing).
     for key in ("CPU", "CUDA", "XPU", "MPS"):
@@ -109,6 +111,28 @@ def _layer(key: int):
     return layer
 
 
+def _check_capturable(layer, device: torch.device) -> None:
+    """Raise if a CUDA graph is being captured and ``layer`` would still change what the host
+    decides per call (a replay would keep the captured choice): its exact or INT8 phase, LQS's
+    calibration; or it runs the reference backend, whose quantizer reads values on the host."""
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        return
+    cfg = layer.hot_config
+    why = None
+    if layer._backend_for(device) != "fast":
+        why = "it runs the reference backend (use backend='fast')"
+    elif layer.hot_step_value() < cfg.exact_steps + cfg.int8_steps:
+        why = (f"it is at step {layer.hot_step_value()}, inside exact_steps + int8_steps = "
+               f"{cfg.exact_steps + cfg.int8_steps}")
+    elif cfg.hq.bits and cfg.hq.gy_scale == "auto" and layer.hot_lqs_value() < 0:
+        why = "LQS has not decided yet (calibration runs on the host)"
+    if why is not None:
+        raise RuntimeError(
+            f"HOT layer {layer.hot_name!r} cannot be captured in a CUDA graph: {why}. Run the "
+            f"first steps without CUDA graphs (eagerly, or compiled without "
+            f"mode='reduce-overhead'), then capture.")
+
+
 def _empty(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(0)
 
@@ -133,9 +157,10 @@ def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: i
     return plan
 
 
-def _seed_tensor(seed: int) -> torch.Tensor:
-    # On the CPU: backward reads it back without a device synchronization.
-    return torch.tensor([seed], dtype=torch.int64)
+def _step_snapshot(layer) -> torch.Tensor:
+    """The layer's step counter as the forward saw it (a device copy: backward forms the ABC codes
+    with the forward's seed, whatever backwards ran in between, and a CUDA graph copies it)."""
+    return layer.hot_step.clone()
 
 
 def _abc_fake(x2d: torch.Tensor, seq: int, rank: int, bits: int, row: bool) -> ops.Quantized:
@@ -152,12 +177,13 @@ def _linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], k
                 need_gx: bool, need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
                 row: bool, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
+    _check_capturable(layer, x2d.device)
     with no_autocast(x2d.device.type):
         y = F.linear(x2d, w, b)
         plan = _live_plan(layer, x2d, seq, exact, rank, bits, row, recompute)
         if need_gw and not exact:
             if recompute:  # setup_context keeps x2d
-                return y, _empty(y), _seed_tensor(plan.seed_x)
+                return y, _empty(y), _step_snapshot(layer)
             q, s = abc_codes(plan, x2d)
             return y, q.contiguous(), s.contiguous()
     # While exact, x2d itself is kept (setup_context saves the input: no copy).
@@ -168,7 +194,7 @@ def _linear_fwd_fake(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, r
     y = F.linear(x2d, w, b)
     if need_gw and not exact:
         if recompute:
-            return y, _empty(y), torch.empty(1, dtype=torch.int64)
+            return y, _empty(y), w.new_empty((), dtype=torch.int64)
         q, s = _abc_fake(x2d, seq, rank, bits, row)
         return y, q, s
     return y, _empty(y), _empty(y)
@@ -210,13 +236,14 @@ def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: 
               need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
               row: bool, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
+    _check_capturable(layer, x.device)
     with no_autocast(x.device.type):
         y = F.conv2d(x, w, b, stride, padding, dilation)
         plan = _live_plan(layer, x, seq, exact, rank, bits, row, recompute)
         if not need_gw:
             return y, _empty(y), _empty(y)
         if recompute and not exact:  # setup_context keeps x
-            return y, _empty(y), _seed_tensor(plan.seed_x)
+            return y, _empty(y), _step_snapshot(layer)
         rows = patches(x, w.shape[-2:], stride, padding, dilation)
         if exact:  # the patches themselves (a transient of kh*kw times x)
             return y, rows.contiguous(), _empty(y)
@@ -230,7 +257,7 @@ def _conv_fwd_fake(x, w, b, key, stride, padding, dilation, need_gx, need_gw, ex
     if not need_gw:
         return y, _empty(y), _empty(y)
     if recompute and not exact:
-        return y, _empty(y), torch.empty(1, dtype=torch.int64)
+        return y, _empty(y), w.new_empty((), dtype=torch.int64)
     rows = x.new_empty((y.shape[0] * y.shape[2] * y.shape[3], w[0].numel()))
     if exact:
         return y, rows, _empty(y)
@@ -318,10 +345,15 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
                need_gw: bool, need_gb: bool, in_features: int, x_dtype: str,
                w_dtype: str, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
+    _check_capturable(layer, gy2d.device)
     # The config is read again here: a set_config between forward and backward is the caller's
-    # choice; what fixes the saved tensors (exact, seq, rank, bits) comes from the forward.
-    seed_x = int(saved1[0]) if recompute and need_gw else 0
-    plan = LayerPlan(layer.hot_config, layer._backend_for(gy2d.device), exact, seq, seed_x)
+    # choice; what fixes the saved tensors (exact, seq, rank, bits) comes from the forward. With
+    # recompute, saved1 is the step counter as the forward saw it.
+    cfg = layer.hot_config
+    seed_x = 0
+    if recompute and need_gw and cfg.hla.bits and cfg.hla.rounding == "stochastic":
+        seed_x = StepSeed(seed_base(cfg, layer.hot_id, ABC_X), saved1, None)
+    plan = LayerPlan(cfg, layer._backend_for(gy2d.device), exact, seq, seed_x)
     saved = None
     if need_gw:
         saved = saved0 if exact else ops.Quantized(saved0, saved1)
@@ -380,8 +412,9 @@ def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
            seq: int) -> torch.Tensor:
     """HOTLinear's forward (inputs validated and autocast-cast by the caller)."""
     flags = _flags(layer, x, w, seq)
-    x2d = x.reshape(-1, x.shape[-1])
-    y2d, _, _ = LinearFn.apply(x2d, w, b, layer._hot_key, *flags)
+    if x.dim() == 2:  # no views around the Function: its output is the layer's output
+        return LinearFn.apply(x, w, b, layer._hot_key, *flags)[0]
+    y2d, _, _ = LinearFn.apply(x.reshape(-1, x.shape[-1]), w, b, layer._hot_key, *flags)
     return y2d.reshape(*x.shape[:-1], y2d.shape[-1])
 
 

@@ -88,6 +88,13 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d: Optional[torch
     """(g_x as L x I, g_W as O x I, g_b), each None when not needed; ``saved`` is x (2-D) while
     exact, else the ABC codes. g_b is always formed when need_gb."""
     bp = begin_backward(layer, plan, gy2d)
+    grads = _grads(plan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_dtype, need_gb)
+    layer.hot_advance_step()  # after the kernels that read the step are enqueued
+    return grads
+
+
+def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_dtype,
+           need_gb) -> LayerGrads:
     if bp.exact:
         gx = (gy2d @ w2d.to(gy2d.dtype)).to(x_dtype) if need_gx else None
         gw = (gy2d.t().to(saved.dtype) @ saved).to(w_dtype) if need_gw else None

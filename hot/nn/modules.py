@@ -93,11 +93,12 @@ class _HOTMixin:
         return (_new_hot_instance, (type(self)._hot_original,)) + tuple(rv[2:])
 
     def _apply(self, fn, recurse=True):
-        # Casts and moves (half(), to(), to_empty() after meta init) rebuild the buffers; the
-        # Python mirrors are the truth, so the buffers are written from them again (to_empty
-        # leaves uninitialized memory, and a float cast must never touch the state).
+        # to_empty() after meta init leaves uninitialized memory in the buffers: write them from
+        # the host's copies. (Other casts and moves keep their values; integer buffers are never
+        # cast to a float dtype.)
+        was_meta = "_hot_step_value" in self.__dict__ and self.hot_step.is_meta
         out = super()._apply(fn, recurse)
-        if "_hot_step_value" in self.__dict__ and self.hot_step.device.type != "meta":
+        if was_meta and not self.hot_step.is_meta:
             self.hot_step.fill_(self._hot_step_value)
             self.hot_lqs.fill_(self._hot_lqs_value)
         return out
@@ -106,13 +107,14 @@ class _HOTMixin:
         return self._hot_step_value
 
     def hot_advance_step(self) -> int:
-        """Count one backward call; returns the step it was (0-based)."""
+        """Count one backward call; returns the step it was (0-based). The counter in device
+        memory advances by a device operation (a CUDA graph replays it), the host's copy here."""
         step = self._hot_step_value
         # Plain attributes written through __dict__: nn.Module.__setattr__ looks through its
         # parameter, buffer and module tables first, on every backward of every layer.
         d = self.__dict__
         d["_hot_step_value"] = step + 1
-        self.hot_step.fill_(step + 1)
+        self.hot_step.add_(1)
         # The compile path traces this bool, not the step, so only the phase change recompiles.
         d["_hot_exact_phase"] = step + 1 < self.hot_config.exact_steps
         return step

@@ -5,12 +5,16 @@ survive ``state_dict`` save/load and resuming a run. ``hot_lqs``: -1 undecided, 
 1 per-token. Python mirrors of both are what the hot path reads (reading a CUDA buffer every
 step would synchronize the GPU).
 
-Seeds: a stochastic-rounding seed is a hash of (base, layer id, step, salt, data-parallel rank),
-where base is ``HOTConfig.seed``, or, when that is None, ``torch.initial_seed()`` (the seed of
-the last ``torch.manual_seed``). Nothing draws from a torch generator, so converting a model
-never changes its dropout masks or data order; ``torch.manual_seed`` still makes runs
-repeatable and different seeds give different rounding. Each rank mixes in its rank, so ranks
-round independently and their errors average out in the gradient all-reduce.
+Seeds: the stochastic-rounding seed of an operand is ``quant.step_seed(base, step)`` with the
+layer's step counter and a base that hashes (B, layer id, operand, data-parallel rank), B being
+``HOTConfig.seed``, or, when that is None, ``torch.initial_seed()`` (the seed of the last
+``torch.manual_seed``). Nothing draws from a torch generator, so converting a model never
+changes its dropout masks or data order; ``torch.manual_seed`` still makes runs repeatable and
+different seeds give different rounding. Each rank mixes in its rank, so ranks round
+independently and their errors average out in the gradient all-reduce. The seeds travel as
+``quant.StepSeed``: the fast kernels read the step from ``hot_step`` in device memory, so a
+CUDA graph replay rounds with its own step, and the counter advances by a device operation at
+the end of each backward (``hot_advance_step``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch.distributed as dist
 from ..common import lqs
 from ..common.config import HOTConfig
 from ..common.ops import ScaleMode
-from ..common.quant import M32, derive_seed, derive_seed_from, seed_prefix
+from ..common.quant import M32, StepSeed, seed_prefix
 
 LQS_UNDECIDED, LQS_TENSOR, LQS_TOKEN = -1, lqs.TENSOR, lqs.TOKEN
 
@@ -37,7 +41,7 @@ class LayerPlan:
     backend: str
     exact: bool  # this call is within exact_steps: x is saved, gradients are exact
     seq: int  # rows per sequence for blocking='sequence', else 0
-    seed_x: int  # stochastic-rounding seed of the ABC copy
+    seed_x: "int | StepSeed"  # stochastic-rounding seed of the ABC codes
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,9 @@ class BackwardPlan:
     exact: bool
     gx_bits: int  # 0 = no quantization
     gy_scale_mode: ScaleMode
-    seed_gy: int
-    seed_w: int
-    seed_hla: int
+    seed_gy: "int | StepSeed"
+    seed_w: "int | StepSeed"
+    seed_hla: "int | StepSeed"
 
 
 def _rank() -> int:
@@ -56,23 +60,24 @@ def _rank() -> int:
     return 0
 
 
-@functools.lru_cache(maxsize=4096)
-def _layer_prefix(base: int, layer_id: int) -> int:
-    return seed_prefix(base & M32, (base >> 32) & M32, layer_id)
+# Operand numbers in the seed bases.
+ABC_X, GY_HQ, W_HQ, GY_HLA = 0, 1, 2, 3
 
 
 @functools.lru_cache(maxsize=4096)
-def _step_prefix(prefix: int, step: int) -> int:
-    # Shared by the forward's seed (salt 1) and the backward's (salt 2) of one step.
-    return seed_prefix(step, h=prefix)
+def _base(b: int, layer_id: int, operand: int, rank: int) -> int:
+    return seed_prefix(b & M32, (b >> 32) & M32, layer_id, operand, rank)
 
 
-def layer_seed(cfg: HOTConfig, layer_id: int, step: int, salt: int) -> int:
-    """The 31-bit seed of (layer, step, salt) on this rank (module docstring)."""
-    base = cfg.seed if cfg.seed is not None else torch.initial_seed()
-    s = derive_seed_from(_step_prefix(_layer_prefix(base, layer_id), step), salt)
-    r = _rank()
-    return derive_seed(s, r) if r else s
+def seed_base(cfg: HOTConfig, layer_id: int, operand: int) -> int:
+    """The constant part of an operand's seeds on this rank (module docstring)."""
+    b = cfg.seed if cfg.seed is not None else torch.initial_seed()
+    return _base(b, layer_id, operand, _rank())
+
+
+def layer_seed(layer, cfg: HOTConfig, operand: int, step: int) -> StepSeed:
+    """The seed of ``operand`` at ``step`` (the current count of layer.hot_step)."""
+    return StepSeed(seed_base(cfg, layer.hot_id, operand), layer.hot_step, step)
 
 
 def make_plan(layer, cfg: HOTConfig, backend: str, seq: int, empty: bool = False) -> LayerPlan:
@@ -81,7 +86,7 @@ def make_plan(layer, cfg: HOTConfig, backend: str, seq: int, empty: bool = False
     step = layer.hot_step_value()
     exact = step < cfg.exact_steps or empty
     seed_x = 0 if exact or not cfg.hla.bits or cfg.hla.rounding != "stochastic" \
-        else layer_seed(cfg, layer.hot_id, step, 1)
+        else layer_seed(layer, cfg, ABC_X, step)
     return LayerPlan(cfg, backend, exact, seq, seed_x)
 
 
@@ -126,15 +131,15 @@ def decide_lqs(layer, ratio: float, device: torch.device) -> int:
 
 
 def begin_backward(layer, plan: LayerPlan, gy2d: torch.Tensor) -> BackwardPlan:
+    """The plan of this backward call, at the layer's current step (which the caller advances
+    with layer.hot_advance_step() once the call's kernels are enqueued)."""
     cfg = plan.config
-    step = layer.hot_advance_step()
+    step = layer.hot_step_value()
     if plan.exact:
         return BackwardPlan(True, 0, ScaleMode.TENSOR, 0, 0, 0)
     bits = cfg.hq.bits or 0
     if bits and step < cfg.exact_steps + cfg.int8_steps:
         bits = 8
     mode = _lqs_mode(layer, cfg, gy2d, bits) if bits else ScaleMode.TENSOR
-    h = seed_prefix(layer_seed(cfg, layer.hot_id, step, 2))  # shared by the three derivations
-    # operand k's seed is derive_seed(seed, k): 1 = g_y (HQ), 2 = W, 3 = g_y (HLA)
-    return BackwardPlan(False, bits, mode, derive_seed_from(h, 1), derive_seed_from(h, 2),
-                        derive_seed_from(h, 3))
+    return BackwardPlan(False, bits, mode, layer_seed(layer, cfg, GY_HQ, step),
+                        layer_seed(layer, cfg, W_HQ, step), layer_seed(layer, cfg, GY_HLA, step))

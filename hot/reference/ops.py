@@ -20,7 +20,8 @@ def _finish(t: torch.Tensor, bits: int, scale_mode, stochastic: bool, seed: int)
     if bits == 0:
         return Quantized(t, torch.ones((t.shape[0] if scale_mode == ops.ScaleMode.ROW else 1, 1),
                                        dtype=torch.float32, device=t.device))
-    return Quantized(*quant.quantize(t, bits, ops.ScaleMode(scale_mode).value, stochastic, seed))
+    return Quantized(*quant.quantize(t, bits, ops.ScaleMode(scale_mode).value, stochastic,
+                                     quant.seed_value(seed) if stochastic else 0))
 
 
 def hq_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:

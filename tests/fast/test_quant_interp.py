@@ -366,3 +366,27 @@ def test_bias_sums_from_the_stats_kernel(shape):
         assert torch.equal(a, b)  # the sums change no code and no scale
     with pytest.raises(ValueError, match="bsum"):
         fq.gy_pass(x, hq, None, bsum=True)  # the sums come from the HLA part
+
+
+def test_step_seeds_follow_the_counter_in_device_memory():
+    """A StepSeed's key is formed in the kernel from the counter it reads: the codes equal those
+    of the int seed quant.step_seed(base, step) for the counter's value, for both parts, and
+    move when the counter moves (what lets a CUDA graph replay round with its own step)."""
+    from hot.common.quant import StepSeed, step_seed
+
+    x = _x((40, 48), torch.float32, 5)
+    counter = torch.zeros((), dtype=torch.int64, device=DEVICE)
+    outs = []
+    for step in (7, 8, 2**33 + 7):  # the kernels use the step mod 2^32
+        counter.fill_(step)
+        s = StepSeed(12345, counter, step)
+        got = fq.gy_pass(x, hq_args(4, "row", True, s), hla_args(8, "lowpass", 8, "row", True, s))
+        want = fq.gy_pass(x, hq_args(4, "row", True, step_seed(12345, step)),
+                          hla_args(8, "lowpass", 8, "row", True, step_seed(12345, step)))
+        for a, b in zip(got[:4], want[:4]):
+            assert torch.equal(a, b)
+        with quant.hash_rng():
+            qr, sr = ref.hq_quantize(x, hq_args(4, "row", True, s))
+        check_codes(got.hq_q, got.hq_s, qr, sr, hq_transform(x), 4, True, step_seed(12345, step))
+        outs.append(got.hq_q)
+    assert not torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

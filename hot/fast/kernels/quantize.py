@@ -77,6 +77,19 @@ def _mix32(x):
 
 
 @triton.jit
+def _key(seed_or_base, step_ptr, USE_STEP: tl.constexpr):
+    """The hash key of a part's stream as uint32: ``seed_or_base`` is quant.seed_key(seed) given
+    by the host, or, with USE_STEP, the base of a StepSeed whose step this program reads from
+    ``step_ptr``: key = mix32(step_seed(base, step) ^ 0x9E3779B9), step_seed(base, step) =
+    mix32(base ^ mix32(step mod 2^32)) & 0x7FFFFFFF (hot.common.quant)."""
+    k = seed_or_base.to(tl.uint32, bitcast=True)
+    if USE_STEP:
+        step = tl.load(step_ptr).to(tl.uint32)
+        k = _mix32((_mix32(k ^ _mix32(step)) & 0x7FFFFFFF) ^ 0x9E3779B9)
+    return k
+
+
+@triton.jit
 def _u_lo(w):
     """(k + 1/2) / 2^16 for k = the low 16 bits of the uint32 hash w. Built as the float32 bit
     pattern of 1 + k 2^-16 + 2^-17 (k in mantissa bits 22..7, bit 6 the half) minus 1.0, which
@@ -391,14 +404,15 @@ def stats_kernel(
 def quantize_kernel(
     x_ptr, sxr, sxc, R, C, hq_amax_ptr, hla_amax_ptr,
     hq_q_ptr, hq_s_ptr, C16, hq_key,
-    hla_q_ptr, hla_s_ptr, LR, NBLK, hla_key,
-    RANK: tl.constexpr, SEL: tl.constexpr,
+    hla_q_ptr, hla_s_ptr, LR, NBLK, hla_key, step_ptr,
+    USE_STEP: tl.constexpr, RANK: tl.constexpr, SEL: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,
     IDX64: tl.constexpr, EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Codes and scales of one tile: scale = amax / qmax (1 where amax == 0), v = t * (1 /
-    scale), codes by _round with u of the code's row-major index in q. Compile with
+    scale), codes by _round with u of the code's row-major index in q; the keys of the two
+    streams by _key (USE_STEP: from the step counter at step_ptr). Compile with
     enable_fp_fusion=False."""
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -413,7 +427,7 @@ def quantize_kernel(
         else:
             v = t * r
         if HQ_STOCH:
-            u = _hq_u(pid_r, pid_c, C16, hq_key.to(tl.uint32, bitcast=True), BLOCK_R, BLOCK_C,
+            u = _hq_u(pid_r, pid_c, C16, _key(hq_key, step_ptr, USE_STEP), BLOCK_R, BLOCK_C,
                       IDX64)
         else:
             u = v  # unused by nearest rounding
@@ -440,7 +454,7 @@ def quantize_kernel(
         off = (_idx(cols[None, :, None], IDX64) * LR + (jb * RANK)[:, None, None]
                + tt[None, None, :])
         if HLA_STOCH:
-            u = _hla_u(cols, jb, LR, hla_key.to(tl.uint32, bitcast=True), BLOCK_R // 16,
+            u = _hla_u(cols, jb, LR, _key(hla_key, step_ptr, USE_STEP), BLOCK_R // 16,
                        BLOCK_C, RANK, IDX64)
         else:
             u = v
