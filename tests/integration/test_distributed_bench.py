@@ -7,7 +7,7 @@ import json
 import pytest
 import torch.distributed as dist
 
-from hot.bench.distributed import cli, options
+from hot.bench.distributed import cli, options, report
 
 pytestmark = pytest.mark.skipif(not dist.is_available(),
                                 reason="torch.distributed is not available in this build")
@@ -97,3 +97,41 @@ def test_existing_results_are_never_overwritten(tmp_path, capsys):
     p.write_text("{}")
     assert cli.main(["--device", "cpu", "--json", str(p)]) == 2
     assert "never overwritten" in capsys.readouterr().err and p.read_text() == "{}"
+
+
+def _outcomes(final_1: list, final_2: float, seeds=(0, 1, 2)) -> dict:
+    """Finished curve phases: 1-rank paper curves per seed and one 2-rank DDP curve."""
+    from hot.bench.distributed.launch import Outcome
+    from hot.bench.distributed.phases import Phase
+
+    out = {}
+    for s, v in zip(seeds, final_1):
+        ph = Phase("curve", "vit", "none", "hot", "paper", s)
+        out[(1, ph)] = Outcome("world 1", 1, ph, "done", {"losses": [2.3, v]})
+    ph = Phase("curve", "vit", "ddp", "hot", "paper", seeds[0])
+    out[(2, ph)] = Outcome("world 2", 2, ph, "done", {"losses": [2.3, final_2]})
+    return out
+
+
+def test_paper_check_is_a_99_percent_t_prediction_interval():
+    # 1-rank losses 1.0, 1.1, 1.2: mean 1.1, sd 0.1, bound t(0.995, 2) * 0.1 * sqrt(4/3).
+    bound = 9.925 * 0.1 * (4 / 3) ** 0.5
+    ok = report.paper_check(_outcomes([1.0, 1.1, 1.2], 1.1 + 0.99 * bound), "vit", "ddp",
+                            (0, 1, 2))
+    assert ok["verdict"] == "PASS" and ok["bound"] == pytest.approx(bound)
+    bad = report.paper_check(_outcomes([1.0, 1.1, 1.2], 1.1 - 1.01 * bound), "vit", "ddp",
+                             (0, 1, 2))
+    assert bad["verdict"] == "FAIL"
+    one = report.paper_check(_outcomes([1.0], 1.0, seeds=(0,)), "vit", "ddp", (0,))
+    assert one["verdict"] == "n/a" and "--seeds" in one["detail"]
+    nan = report.paper_check(_outcomes([1.0, 1.1, 1.2], float("nan")), "vit", "ddp", (0, 1, 2))
+    assert nan["verdict"] == "FAIL" and "not finite" in nan["detail"]
+
+
+def test_link_from_nvidia_smi_topology():
+    text = ("\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+            "GPU0\t X \tNV18\tSYS\t0-31\t0\t\tN/A\n"
+            "GPU1\tNV18\t X \tSYS\t0-31\t0\t\tN/A\n"
+            "NIC0\tSYS\tSYS\t X \n\nLegend:\n\n  X    = Self\n")
+    assert report.link_of(text) == "NV18"
+    assert report.link_of("\tGPU0\tCPU Affinity\nGPU0\t X \t0-31\n") is None  # one GPU

@@ -59,6 +59,8 @@ def run(opts, say=None) -> dict:
             report.write_json(opts.json, result)
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
+    result["data"] = {o.phase.workload: o.result["data"] for o in outcomes.values()
+                      if o.status == "done" and "data" in (o.result or {})}
     result["checks"] = report.all_checks(outcomes, opts)
     result["speed"] = report.speed_rows(outcomes, opts)
     result["wall_s"] = time.time() - t0

@@ -176,4 +176,11 @@ def from_args(argv=None) -> Options:
         vit_lr=a.vit_lr, llama_lr=a.llama_lr, llama_batches=a.llama_batches,
         init_seed=a.init_seed, data_root=a.data_root, pg_timeout=a.pg_timeout,
         phase_timeout=a.phase_timeout, hang_timeout=a.hang_timeout, budget=a.budget,
-        threads=a.threads or max(1, (os.cpu_count() or 1) // procs), json=path)
+        threads=a.threads or max(1, _cores() // procs), json=path)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

@@ -182,7 +182,8 @@ def curve(ctx, ph: Phase) -> dict:
         dist.all_reduce(total)
     total /= ctx.world
     out = {"losses": total.tolist(), "grad_norms": torch.stack(norms).tolist(),
-           "global_batch": 2 * tr.wl.batch, "init_checksum": tr.init_checksum}
+           "global_batch": 2 * tr.wl.batch, "init_checksum": tr.init_checksum,
+           "data": tr.wl.note}
     if ph.method == "hot":
         out["layer_states"] = gather(layer_states(tr.raw))  # one list per rank
     return out
@@ -220,8 +221,8 @@ def speed(ctx, ph: Phase) -> dict:
     slowest = max(r["median_ms"] for r in per_rank)
     return {"step_ms": slowest, "ranks": per_rank, "batch_per_gpu": tr.wl.batch,
             "throughput": ctx.world * tr.wl.units / (slowest / 1000), "unit": tr.wl.unit,
-            "losses": [float(v) for v in losses], "timer": "cuda events" if cuda else
-            "wall clock (CPU: not a benchmark)"}
+            "losses": [float(v) for v in losses], "data": tr.wl.note,
+            "timer": "cuda events" if cuda else "wall clock (CPU: not a benchmark)"}
 
 
 def _param_checksum(model: nn.Module, sharded: bool) -> float:

@@ -247,12 +247,16 @@ def interconnect() -> tuple[Optional[str], Optional[str]]:
     except (OSError, subprocess.SubprocessError):
         return None, None
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)
-    rows = [line.split() for line in text.splitlines() if line.strip()]
+    return link_of(text), text or None
+
+
+def link_of(topology: str) -> Optional[str]:
+    """The GPU0 row's GPU1 cell of a `nvidia-smi topo -m` matrix (e.g. 'NV18'), or None."""
+    rows = [line.split() for line in topology.splitlines() if line.strip()]
     if not rows or "GPU1" not in rows[0]:
-        return None, text or None
-    col = rows[0].index("GPU1") + 1
-    link = next((r[col] for r in rows[1:] if r[0] == "GPU0" and len(r) > col), None)
-    return link, text
+        return None
+    col = rows[0].index("GPU1") + 1  # data rows start with their own name
+    return next((r[col] for r in rows[1:] if r[0] == "GPU0" and len(r) > col), None)
 
 
 def _short(text: str, n: int = 400) -> str:
@@ -271,7 +275,8 @@ def markdown(result: dict) -> str:
     else:
         dev = (f"CPU ({w.get('cpu', '?')}), gloo; torch {w.get('torch', '?')}; HOT reference "
                f"backend")
-    lines = ["## HOT under DDP / FSDP2", "", dev, ""]
+    data = "; ".join(f"{k}: {v}" for k, v in sorted(result.get("data", {}).items()))
+    lines = ["## HOT under DDP / FSDP2", "", dev + (f". Data: {data}." if data else ""), ""]
     lines += ["| check | verdict | numbers |", "|---|---|---|"]
     lines += [f"| {c['check']} | {c['verdict']} | {_short(c['detail'])} |"
               for c in result["checks"]]

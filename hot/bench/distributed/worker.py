@@ -149,9 +149,14 @@ def main(rank: int, world: int, port: int, phases: list, start: int, opts, outdi
         else:
             device = torch.device("cpu")
         dog.arm(opts.pg_timeout + 30, "joining the process group", -1)
+        timeout = datetime.timedelta(seconds=opts.pg_timeout)
+        # An explicit store, rank 0 its server: a tcp:// or env:// rendezvous would heed the
+        # TORCHELASTIC_* variables that torchrun left to the launcher (some torch versions then
+        # make every rank a client of a server nobody runs).
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timeout)
         dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=opts.pg_timeout),
+            "nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+            world_size=world, timeout=timeout,
             device_id=device if device.type == "cuda" else None)
         dist.barrier()
         dog.arm(None, "", -1)
