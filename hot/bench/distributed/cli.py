@@ -53,7 +53,14 @@ def run(opts, say=None) -> dict:
     outdir = tempfile.mkdtemp(prefix="hot-distributed-")
     try:
         for b in blocks:
-            for o in launch.run_block(b, opts, outdir, deadline, say, result["env"]):
+            try:
+                done = launch.run_block(b, opts, outdir, deadline, say, result["env"])
+            except Exception as e:  # the launcher's own failure: reported, the next block runs
+                say(f"FAIL  {b.label}: the launcher failed: {type(e).__name__}: {e}")
+                done = [launch.Outcome(b.label, b.world, ph, "error",
+                                       errors={0: f"launcher: {type(e).__name__}: {e}"})
+                        for ph in b.phases]
+            for o in done:
                 outcomes[(o.world, o.phase)] = o
                 result["phases"].append(o.to_dict())
             report.write_json(opts.json, result)

@@ -190,7 +190,7 @@ def main(rank: int, world: int, port: int, phases: list, start: int, opts, outdi
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        dog.arm(60, "leaving the process group", -1)
+        dog.arm(20, "leaving the process group", -1)
         dist.barrier()
         dist.destroy_process_group()
         rec.write("exit")
