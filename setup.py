@@ -50,7 +50,7 @@ def _extension():
         cfg.EXT_NAME,
         [os.path.relpath(s, _HERE) for s in cfg.sources()],
         include_dirs=include_dirs,
-        extra_compile_args=cfg.compile_args(archs, ptxas_verbose=os.environ.get("HOT_PTXAS_VERBOSE") == "1"),
+        extra_compile_args=cfg.compile_args(archs),
         depends=[os.path.join("csrc", h) for h in cfg.HEADERS],
     )
     return [ext], {"build_ext": cpp_extension.BuildExtension}

@@ -25,35 +25,33 @@ import torch.nn as nn
 import hot
 from hot.bench.timing import wall_ms
 from hot.common import backend as B
-from hot.common.ops import BLOCK, pad_to
+from hot.common import ops
 
 
-def _hq(x, bits, scale_mode, stochastic, seed):
-    r, c = x.shape
-    return (torch.empty((r, pad_to(c)), dtype=torch.int8),
-            torch.empty((r if scale_mode == "row" else 1, 1)))
+def _hq(x, a):
+    return ops.hq_fake(x, a)
 
 
-def _hla(x, rank, selection, bits, scale_mode, stochastic, seed):
-    r, c = x.shape
-    return (torch.empty((c, pad_to(r) // BLOCK * rank), dtype=torch.int8),
-            torch.empty((c if scale_mode == "row" else 1, 1)))
+def _hla(x, a):
+    return ops.hla_fake(x, a)
 
 
 def _gemm(a, b, sa, sb, dtype):
-    return torch.empty((a.shape[0], b.shape[0]), dtype=getattr(torch, dtype))
+    return ops.int_gemm_fake(a, b, dtype)
 
 
-def _fused_backward(gy, wt, qx, sx, hq, hla, hq_w, gx_dtype, gw_dtype, need_gb):
+def _layer_backward(gy, wt, x_codes, hq, hla, hq_w, gx_dtype, gw_dtype, need_gb):
     gb = torch.empty(gy.shape[1], dtype=gy.dtype) if need_gb else None
     return (torch.empty((gy.shape[0], wt.shape[0]), dtype=gx_dtype),
             torch.empty((gy.shape[1], wt.shape[0]), dtype=gw_dtype), gb)
 
 
 def install_mock() -> None:
-    mock = B.Backend("fast", _hq, _hla, _gemm, lambda device: None)
-    mock.fused_backward = _fused_backward
-    B.register_backend(mock)
+    """Register a mock backend named "fast" whose operations return empty outputs."""
+    for name, fn in (("hq_quantize", _hq), ("hla_quantize", _hla), ("int_gemm_nt", _gemm),
+                     ("layer_backward", _layer_backward)):
+        ops.register(name, "fast", fn)
+    B.register_backend(B.Backend("fast", lambda device: None))
 
 
 def _stack(n: int, width: int, use_hot: bool) -> nn.Module:

@@ -35,9 +35,9 @@ def trace(name: str, L: int, O: int, I: int, n: int) -> None:
 
     for _ in range(5):
         bwd()
-    before = native.CALLS["fused_backward"]
+    before = native.CALLS["layer_backward"]
     ms = bench(bwd)
-    used = native.CALLS["fused_backward"] - before
+    used = native.CALLS["layer_backward"] - before
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
 

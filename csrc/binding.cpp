@@ -236,7 +236,7 @@ std::string check_scale(Kind kind, const char* name, const torch::Tensor& s, int
 
 // A checked scale as a contiguous vector whose storage extends to a multiple of kScalePad
 // floats (the epilogue's vector loads may read that far): `s` itself when it holds one value per
-// row, starts 16-byte aligned and its storage has that room (hot.fast.quant allocates its scales
+// row, starts 16-byte aligned and its storage has that room (hot.fast.passes allocates its scales
 // so: no copy, no launch), else one copy. Entries past `rows` only ever meet output rows or columns that are not stored
 // (or are cut off by the narrow below), so their values do not matter.
 torch::Tensor scale_vector(const torch::Tensor& s, int64_t rows) {
@@ -448,7 +448,7 @@ std::tuple<int64_t, std::string> register_triton(int64_t function, int64_t block
   return {id, err};
 }
 
-// A quantizer pass plan from hot/fast/native.py (the fixed part of hot.fast.quant.pass_args):
+// A quantizer pass plan from hot/fast/native.py (NativePlan: the same fields in the same order).
 enum PassField {
   kStatsId, kQuantId, kGrid0, kGrid1, kGrid2, kR, kC, kC16, kLR, kNBlk, kNh, kNl, kHqSPad, kHlaSPad,
   kDoHq, kDoHla, kDoBsum, kPassFields
@@ -460,12 +460,12 @@ struct PassOut { torch::Tensor hq_q, hq_s, hla_q, hla_s, bsum; };
 
 int64_t addr(const torch::Tensor& t) { return int64_t(reinterpret_cast<uintptr_t>(t.data_ptr())); }
 
-// One g_y pass (stats kernel, then quantize kernel) over x: the outputs and arguments of
-// hot.fast.quant.pass_args / gy_pass, in the same order (that function's docstring is the
-// contract; tests/fast/test_native_gpu.py checks both paths give the same codes and scales).
+// One pass (stats kernel, then quantize kernel) over x: the outputs and the arguments of
+// hot.fast.passes.pass_args (StatsArgs and QuantizeArgs name them, in the kernels' parameter
+// order; tests/fast/test_native_gpu.py checks both paths give the same codes and scales).
 std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, const torch::Tensor& h16,
-                     const torch::Tensor& t, const torch::Tensor& amax, int64_t epoch, int64_t hq_key,
-                     int64_t hla_key, PassOut* out) {
+                     const torch::Tensor& amax, int64_t epoch, int64_t hq_key, int64_t hla_key,
+                     PassOut* out) {
   const std::string where = "hot.fast._C.quant_pass: ";
   HOT_REQUIRE(p.size() == kPassFields, where, "the plan has ", int64_t(p.size()), " fields, expected ",
               int64_t(kPassFields));
@@ -475,12 +475,11 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   HOT_REQUIRE(amax.is_cuda() && amax.scalar_type() == torch::kInt64 && amax.numel() >= p[kNh] + p[kNl] + 1 &&
                   amax.device() == x.device(), where, "the absmax workspace must be an int64 tensor of >= ",
               p[kNh] + p[kNl] + 1, " entries on ", x.device());
-  HOT_REQUIRE(h16.device() == x.device() && t.device() == x.device(), where, "the transform matrices must be on ",
-              x.device());
+  HOT_REQUIRE(h16.device() == x.device(), where, "the Hadamard matrix must be on ", x.device());
   const auto dev = x.device();
   auto i8 = x.options().dtype(torch::kInt8);
   auto f32 = x.options().dtype(torch::kFloat32);
-  // Scales padded to SCALE_PAD floats (hot.fast.quant): the GEMMs read them in place.
+  // Scales padded to SCALE_PAD floats (hot.fast.passes): the GEMMs read them in place.
   if (p[kDoHq]) {
     out->hq_q = torch::empty({p[kR], p[kC16]}, i8);
     out->hq_s = torch::empty({p[kHqSPad]}, f32).as_strided({p[kNh], 1}, {1, 1});
@@ -492,18 +491,18 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   using hot::triton_launch::Arg;
   const int64_t ws = addr(amax);
   const int64_t ws_l = p[kNh] ? ws + p[kNh] * int64_t(sizeof(int64_t)) : ws;
-  std::vector<Arg> base = {{addr(x)}, {x.stride(0)}, {x.stride(1)}, {p[kR]}, {p[kC]}, {addr(h16)}, {addr(t)},
-                           {ws}, {ws_l}};
   torch::Tensor partial;
   if (p[kDoBsum]) partial = torch::empty({p[kC], p[kGrid0]}, f32);  // column-major: an inner-axis sum
-  std::vector<Arg> stats = base;
-  stats.push_back({epoch});
-  stats.push_back({p[kDoBsum] ? addr(partial) : ws});
-  std::vector<Arg> quant = base;
-  const std::vector<Arg> tail = {
+  // StatsArgs: x, sxr, sxc, R, C, h, hq_amax, hla_amax, epoch, bsum.
+  const std::vector<Arg> stats = {{addr(x)}, {x.stride(0)}, {x.stride(1)}, {p[kR]}, {p[kC]}, {addr(h16)},
+                                  {ws}, {ws_l}, {epoch}, {p[kDoBsum] ? addr(partial) : ws}};
+  // QuantizeArgs: x, sxr, sxc, R, C, hq_amax, hla_amax, hq_q, hq_s, C16, hq_key, hla_q, hla_s, LR,
+  // NBLK, hla_key.
+  const std::vector<Arg> quant = {
+      {addr(x)}, {x.stride(0)}, {x.stride(1)}, {p[kR]}, {p[kC]}, {ws}, {ws_l},
       {p[kDoHq] ? addr(out->hq_q) : ws}, {p[kDoHq] ? addr(out->hq_s) : ws}, {p[kC16]}, {hq_key},
-      {p[kDoHla] ? addr(out->hla_q) : ws}, {p[kDoHla] ? addr(out->hla_s) : ws}, {p[kLR]}, {p[kNBlk]}, {hla_key}};
-  quant.insert(quant.end(), tail.begin(), tail.end());
+      {p[kDoHla] ? addr(out->hla_q) : ws}, {p[kDoHla] ? addr(out->hla_s) : ws}, {p[kLR]}, {p[kNBlk]},
+      {hla_key}};
   const unsigned grid[3] = {unsigned(p[kGrid0]), unsigned(p[kGrid1]), unsigned(p[kGrid2])};
   c10::cuda::CUDAGuard guard(dev);
   CUstream stream = reinterpret_cast<CUstream>(c10::cuda::getCurrentCUDAStream(dev.index()).stream());
@@ -516,23 +515,22 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
 
 using Tensors = std::tuple<std::vector<torch::Tensor>, std::string>;
 
-Tensors quant_pass(std::vector<int64_t> plan, torch::Tensor x, torch::Tensor h16, torch::Tensor t,
-                   torch::Tensor amax, int64_t epoch, int64_t hq_key, int64_t hla_key) {
+Tensors quant_pass(std::vector<int64_t> plan, torch::Tensor x, torch::Tensor h16, torch::Tensor amax,
+                   int64_t epoch, int64_t hq_key, int64_t hla_key) {
   PassOut o;
-  std::string err = catching("quant_pass", [&] { return run_pass(plan, x, h16, t, amax, epoch, hq_key, hla_key, &o); });
+  std::string err = catching("quant_pass", [&] { return run_pass(plan, x, h16, amax, epoch, hq_key, hla_key, &o); });
   if (!err.empty()) return Tensors(std::vector<torch::Tensor>(), err);
   return {{o.hq_q, o.hq_s, o.hla_q, o.hla_s, o.bsum}, std::string()};
 }
 
-// The HOT backward of one layer in one call (hot.common.ops, fused_backward):
+// The HOT backward of one layer in one call (hot.common.ops, layer_backward):
 //   g_y pass over gy -> (q_gy, s_gy) for HQ and (q_hla, s_hla) for HLA; HQ pass over W^T -> (q_w, s_w);
 //   g_x = int_gemm_nt(q_gy, q_w, s_gy, s_w), g_W = int_gemm_nt(q_hla, q_x, s_hla, s_x);
 //   with a kDoBsum g_y plan also g_b = the column sums of gy, in gy's dtype (else undefined).
 // gemm_kind: 0 = gemm_s8s8_sm90, 1 = gemm_s8s8_sm80 (what hot.fast.gemm.gemm_path picks for these
 // operands; the caller decided).
 Tensors layer_backward(std::vector<int64_t> gplan, std::vector<int64_t> wplan, torch::Tensor gy, torch::Tensor wt,
-                       torch::Tensor qx, torch::Tensor sx, torch::Tensor h16, torch::Tensor tg, torch::Tensor tw,
-                       torch::Tensor amax_g, int64_t epoch_g, torch::Tensor amax_w, int64_t epoch_w,
+                       torch::Tensor qx, torch::Tensor sx, torch::Tensor h16, torch::Tensor amax_g, int64_t epoch_g, torch::Tensor amax_w, int64_t epoch_w,
                        int64_t key_gy, int64_t key_hla, int64_t key_w, int64_t gemm_kind, std::string gx_dtype,
                        std::string gw_dtype) {
   torch::Tensor gx, gw, gb;
@@ -543,8 +541,8 @@ Tensors layer_backward(std::vector<int64_t> gplan, std::vector<int64_t> wplan, t
                     wplan[kDoHq] && !wplan[kDoHla], "hot.fast._C.layer_backward: the g_y plan must do HQ and HLA, "
                     "the W plan HQ only");
     PassOut g, w;
-    std::string e = run_pass(gplan, gy, h16, tg, amax_g, epoch_g, key_gy, key_hla, &g);
-    if (e.empty()) e = run_pass(wplan, wt, h16, tw, amax_w, epoch_w, key_w, 0, &w);
+    std::string e = run_pass(gplan, gy, h16, amax_g, epoch_g, key_gy, key_hla, &g);
+    if (e.empty()) e = run_pass(wplan, wt, h16, amax_w, epoch_w, key_w, 0, &w);
     if (!e.empty()) return e;
     const Kind kind = gemm_kind == 0 ? Kind::kS8Sm90 : Kind::kS8Sm80;
     Result r = scaled_gemm(kind, g.hq_q, w.hq_q, g.hq_s, w.hq_s, gx_dtype, 0);
@@ -601,7 +599,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "register a Triton-loaded kernel (CUfunction, block, shared bytes, argument kinds) -> (id, err)",
         pybind11::arg("function"), pybind11::arg("block"), pybind11::arg("shared"), pybind11::arg("kinds"));
   m.def("quant_pass", &quant_pass, "one quantizer pass (stats + quantize) -> ([hq_q, hq_s, hla_q, hla_s, bsum], err)",
-        pybind11::arg("plan"), pybind11::arg("x"), pybind11::arg("h16"), pybind11::arg("t"), pybind11::arg("amax"),
+        pybind11::arg("plan"), pybind11::arg("x"), pybind11::arg("h16"), pybind11::arg("amax"),
         pybind11::arg("epoch"), pybind11::arg("hq_key"), pybind11::arg("hla_key"));
   m.def("layer_backward", &layer_backward, "g_y pass, W pass and both GEMMs of one layer -> ([g_x, g_W, g_b], err)");
   m.def("info", &info, "(build facts: archs, sm90a, max_k_int8, max_k_int4, cutlass_version; err)");

@@ -6,10 +6,11 @@ setup.py at build time as well as from hot/fast/_ext.py at run time.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
-from typing import Optional
+from typing import Iterator, Optional
 
 CSRC = os.path.dirname(os.path.abspath(__file__))
 EXT_NAME = "hot.fast._C"
@@ -53,6 +54,26 @@ def include_dirs() -> list[str]:
     return [CSRC] + cutlass_include_dirs()
 
 
+def requested_archs() -> str:
+    """$TORCH_CUDA_ARCH_LIST as set (empty when unset)."""
+    return os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+
+
+@contextlib.contextmanager
+def arch_list_set(archs: str) -> Iterator[None]:
+    """TORCH_CUDA_ARCH_LIST = archs inside the block: torch.utils.cpp_extension reads its
+    -gencode flags from there."""
+    old = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = old
+
+
 def arch_list(env: Optional[str] = None) -> str:
     """The TORCH_CUDA_ARCH_LIST to build for: the given value, else $TORCH_CUDA_ARCH_LIST, else
     DEFAULT_ARCHS."""
@@ -71,9 +92,10 @@ def arch_tag(archs: str) -> str:
     return "_".join(tags) or "none"
 
 
-def compile_args(archs: str, ptxas_verbose: bool = False) -> dict[str, list[str]]:
+def compile_args(archs: str) -> dict[str, list[str]]:
+    """Compiler flags; HOT_PTXAS_VERBOSE=1 adds ptxas's register and spill report."""
     nvcc = list(NVCC_FLAGS)
-    if ptxas_verbose:
+    if os.environ.get("HOT_PTXAS_VERBOSE") == "1":
         nvcc.append("-Xptxas=-v")
     return {"cxx": CXX_FLAGS + [f"-DHOT_CUDA_ARCHS={arch_tag(archs)}"], "nvcc": nvcc}
 

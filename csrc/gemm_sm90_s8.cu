@@ -4,8 +4,6 @@
 // Device code exists only for sm_90a (CUTLASS stubs the kernel body on other targets); the
 // binding refuses to launch it on anything but compute capability 9.0.
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "cutlass/cutlass.h"
@@ -38,16 +36,11 @@ using EpiSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
 // int32 partial accumulators in a workspace before the epilogue: exact, since integer addition
 // is associative). Stream-K is used when the output has fewer 128x256 tiles than the GPU has SMs
 // (HOT's g_W GEMMs at ViT sizes: O x I outputs with K = L/2, e.g. 768 x 768 = 18 tiles on 132 SMs).
-// How the stream-K scheduler splits the work: forced stream-K by default. CUTLASS's heuristic kept
-// the 72-tile g_W GEMMs of ViT-B fc1/fc2 data-parallel (0.067 ms on an H100); forced stream-K ran
-// them in 0.056 ms and left the 18- and 54-tile ones unchanged (benchmarks/gemm_decomp.py,
-// docs/performance.md). HOT_SM90_DECOMP=heuristic restores CUTLASS's choice; read on every call
-// (getenv is cheap next to a launch) so one benchmark process can time both.
+// Forced stream-K rather than CUTLASS's heuristic: the heuristic kept the 72-tile g_W GEMMs of
+// ViT-B fc1/fc2 data-parallel (0.067 ms on an H100); stream-K ran them in 0.056 ms and left the
+// 18- and 54-tile ones unchanged (docs/kernels.md).
 inline cutlass::gemm::kernel::detail::DecompositionMode decomposition() {
-  using Mode = cutlass::gemm::kernel::detail::DecompositionMode;
-  const char* v = std::getenv("HOT_SM90_DECOMP");
-  if (v != nullptr && std::strcmp(v, "heuristic") == 0) return Mode::Heuristic;
-  return Mode::StreamK;
+  return cutlass::gemm::kernel::detail::DecompositionMode::StreamK;
 }
 
 template <typename ElementD, typename Scheduler>

@@ -1,5 +1,5 @@
 // Launching Triton-compiled kernels from C++ (no torch here): the fast backend's quantizer
-// kernels are compiled and loaded by Triton (hot/fast/quant.py); hot/fast/native.py registers
+// kernels are compiled and loaded by Triton (hot/fast/quantize.py); hot/fast/native.py registers
 // each loaded kernel once (its CUfunction, block size, shared memory and parameter types), and
 // csrc/binding.cpp then launches a whole layer backward (two quantizer passes and two CUTLASS
 // GEMMs) in one call, without Python between the launches (host time: docs/performance.md).

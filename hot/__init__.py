@@ -11,10 +11,11 @@ HOT changes only the backward pass of nn.Linear and nn.Conv2d layers:
     hot.convert(model)            # the paper's setting; HOTConfig.exact() for exact gradients
 """
 
-from . import reference  # noqa: F401  (registers the reference backend)
+from . import reference  # noqa: F401  (registers the reference backend and the default ops)
 from .common.backend import BackendUnavailableError, register_loader
 from .common.config import HLAConfig, HOTConfig, HOTConfigError, HQConfig, LQSConfig
-from .nn import HOTConv2d, HOTLayerError, HOTLinear, convert, hot_layers, set_config, unconvert
+from .nn import (HOTConv2d, HOTLayerError, HOTLinear, convert, hot_layers, plain_state_dict,
+                 set_config, unconvert)
 
 
 def _load_fast() -> None:
@@ -27,6 +28,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "HOTConfig", "HQConfig", "HLAConfig", "LQSConfig", "HOTConfigError",
-    "convert", "unconvert", "set_config", "hot_layers",
+    "convert", "unconvert", "set_config", "hot_layers", "plain_state_dict",
     "HOTLinear", "HOTConv2d", "HOTLayerError", "BackendUnavailableError",
 ]

@@ -69,21 +69,21 @@ def _hot(L, O, I, cfg):
     out = {"total": bench(lambda y, x, w, g: torch.autograd.grad(y, (x, w), g, retain_graph=True),
                           sets)}
     h, q = cfg.hla, cfg.hq
-    mode = "row" if int(layers[0].hot_lqs) != 0 else "tensor"
-    out["lqs"] = "token" if mode == "row" else "tensor"
+    mode = ops.ScaleMode.ROW if int(layers[0].hot_lqs) != 0 else ops.ScaleMode.TENSOR
+    out["lqs"] = "token" if mode == ops.ScaleMode.ROW else "tensor"
+    hq = ops.HQArgs(q.bits, mode, True, 1)
+    hq_w = ops.HQArgs(q.bits, ops.ScaleMode.ROW, True, 3)
+    hla = ops.HLAArgs(h.rank, h.selection, h.bits, ops.ScaleMode.ROW, True, 2)
+    hla_x = hla._replace(seed=4)
     gys = [s[3] for s in sets]
-    out["gy_pass"] = bench(lambda g: ops.gy_quantize(g, q.bits, mode, True, 1, h.rank, h.selection,
-                                                     h.bits, "row", True, 2, "fast"),
-                           [(g,) for g in gys])
+    out["gy_pass"] = bench(lambda g: ops.gy_quantize(g, hq, hla, "fast"), [(g,) for g in gys])
     ws = [s[2] for s in sets]
-    out["w_pass"] = bench(lambda w: ops.hq_quantize(w.t(), q.bits, "row", True, 3, "fast"),
-                          [(w,) for w in ws])
+    out["w_pass"] = bench(lambda w: ops.hq_quantize(w.t(), hq_w, "fast"), [(w,) for w in ws])
     ops_in = []
     for g, w, x in zip(gys, ws, [s[1] for s in sets]):
-        qg, sg, qh, sh = ops.gy_quantize(g, q.bits, mode, True, 1, h.rank, h.selection, h.bits,
-                                         "row", True, 2, "fast")
-        qw, sw = ops.hq_quantize(w.t(), q.bits, "row", True, 3, "fast")
-        qx, sx = ops.hla_quantize(x.detach(), h.rank, h.selection, h.bits, "row", True, 4, "fast")
+        (qg, sg), (qh, sh) = ops.gy_quantize(g, hq, hla, "fast")
+        qw, sw = ops.hq_quantize(w.t(), hq_w, "fast")
+        qx, sx = ops.hla_quantize(x.detach(), hla_x, "fast")
         ops_in.append((qg, sg, qw, sw, qh, sh, qx, sx))
     out["gemm_gx"] = bench(lambda qg, sg, qw, sw, *r: gemm.int_gemm_nt(qg, qw, sg, sw, torch.bfloat16),
                            ops_in)
@@ -91,8 +91,7 @@ def _hot(L, O, I, cfg):
     out["path_gx"] = gemm.gemm_path(ops_in[0][0], ops_in[0][2])
     out["path_gw"] = gemm.gemm_path(ops_in[0][4], ops_in[0][6])
     xs = [(s[1].detach(),) for s in sets]
-    out["abc_fwd"] = bench(lambda x: ops.hla_quantize(x, h.rank, h.selection, h.bits, "row", True, 4,
-                                                      "fast"), xs)
+    out["abc_fwd"] = bench(lambda x: ops.hla_quantize(x, hla_x, "fast"), xs)
     out["bf16_fwd"] = bench(lambda x, w: F.linear(x, w), [(s[1].detach(), s[2].detach()) for s in sets])
     return out
 

@@ -88,7 +88,7 @@ def _step_time(mode: str, batch: int, warmup: int, steps: int, profile: bool) ->
         import torch._dynamo.utils as du
 
         du.counters.clear()  # the counters are process-wide: count this mode's compiles only
-    # HOT layers trace through hot.nn.compiled's custom ops: no graph break at a HOT layer.
+    # HOT layers trace through the operators of hot.nn.autograd: no graph break at a HOT layer.
     fwd = m
     if mode.endswith("compile_ro"):
         # CUDA graphs (mode="reduce-overhead"); graph partitions keep HOT's ops (tagged
@@ -144,7 +144,7 @@ def _step_time(mode: str, batch: int, warmup: int, steps: int, profile: bool) ->
 
         out["hot_layers"] = sum(isinstance(x, (HOTLinear, HOTConv2d)) for x in m.modules())
         # layer backwards that ran as one C++ call so far in this process (hot.fast.native)
-        out["native_backward_calls"] = native.CALLS["fused_backward"]
+        out["native_backward_calls"] = native.CALLS["layer_backward"]
         out["native"] = native.why_off() or "on"
     if compiled:
         try:

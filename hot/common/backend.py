@@ -1,30 +1,29 @@
 """Backend registry and selection (argument > HOT_BACKEND > 'auto').
 
-A backend implements the three operations declared in ``hot.common.ops``. ``reference`` and
-``fast`` register themselves here when imported; this module imports neither.
+A backend registers its implementations of the operations in ``hot.common.ops`` and itself here
+(its name and why it cannot run on a device) when its package is imported; ``fast`` is imported
+on first use. This module imports neither backend.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
-BACKEND_NAMES = ("reference", "fast", "auto")
+from .options import BackendName, options
+
+BACKEND_NAMES = tuple(b.value for b in BackendName)
 
 
 class BackendUnavailableError(RuntimeError):
     """The requested backend cannot run here; the message says why and what to do."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Backend:
     name: str
-    hq_quantize: Callable
-    hla_quantize: Callable
-    int_gemm_nt: Callable
     # (device) -> None if usable, else the reason it is not.
     why_unavailable: Callable[[torch.device], Optional[str]]
 
@@ -38,7 +37,7 @@ def register_backend(backend: Backend) -> None:
 
 
 def register_loader(name: str, loader: Callable[[], None]) -> None:
-    """A function that imports the backend's module (which then calls register_backend)."""
+    """A function that imports the backend's package (which then calls register_backend)."""
     _LOADERS[name] = loader
 
 
@@ -53,17 +52,13 @@ def get_backend(name: str) -> Backend:
 
 
 def requested_backend(name: Optional[str] = None) -> str:
-    """The backend name asked for: the argument, else $HOT_BACKEND, else 'auto'."""
-    src = "argument backend"
+    """The backend name asked for: the argument, else HOT_BACKEND (options), else 'auto'."""
     if name is None:
-        name = os.environ.get("HOT_BACKEND", "auto") or "auto"
-        src = "environment variable HOT_BACKEND"
-    name = name.strip().lower()
-    if name not in BACKEND_NAMES:
+        return options().backend.value
+    if not isinstance(name, str) or name.strip().lower() not in BACKEND_NAMES:
         raise BackendUnavailableError(
-            f"{src}={name!r} is not a backend: use one of {BACKEND_NAMES}."
-        )
-    return name
+            f"backend={name!r} is not a backend: use one of {BACKEND_NAMES}.")
+    return name.strip().lower()
 
 
 def resolve_backend(name: Optional[str], device: torch.device, layer: str = "") -> str:
@@ -73,19 +68,18 @@ def resolve_backend(name: Optional[str], device: torch.device, layer: str = "") 
     'fast' where it cannot run raises with the reason.
     """
     name = requested_backend(name)
-    if name == "reference":
+    if name == BackendName.REFERENCE:
         return name
     try:
-        fast = get_backend("fast")
-        why = fast.why_unavailable(device)
+        why = get_backend(BackendName.FAST.value).why_unavailable(device)
     except BackendUnavailableError as e:
         why = str(e)
     if why is None:
-        return "fast"
-    if name == "fast":
+        return BackendName.FAST.value
+    if name == BackendName.FAST:
         where = f" for layer {layer!r}" if layer else ""
         raise BackendUnavailableError(
             f"backend 'fast' was requested{where} on {device}, but it cannot run: {why}. "
             f"Use backend='reference' (or HOT_BACKEND=reference), or 'auto' to fall back."
         )
-    return "reference"
+    return BackendName.REFERENCE.value

@@ -30,7 +30,19 @@ class HOTConfigError(ValueError):
     """A configuration value is invalid; the message names the field and the fix."""
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_int(where: str, value, fix: str) -> None:
+    if not _is_int(value):
+        raise HOTConfigError(f"{where}={value!r} must be an int ({type(value).__name__} given); "
+                             f"{fix}")
+
+
 def _check_bits(where: str, bits: Optional[int]) -> None:
+    if bits is not None:
+        _check_int(where, bits, "use 4 or 8, or None to turn quantization off on this path.")
     if bits is not None and bits not in VALID_BITS:
         raise HOTConfigError(
             f"{where}={bits!r} is not supported: use 4 or 8 (integer GEMMs exist only for these), "
@@ -39,7 +51,7 @@ def _check_bits(where: str, bits: Optional[int]) -> None:
 
 
 def _check_choice(where: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise HOTConfigError(f"{where}={value!r} is not one of {choices}.")
 
 
@@ -106,6 +118,7 @@ class HLAConfig:
     abc: str = "auto"
 
     def __post_init__(self) -> None:
+        _check_int("HLAConfig.rank", self.rank, f"use one of {VALID_RANKS}.")
         if self.rank not in VALID_RANKS:
             raise HOTConfigError(
                 f"HLAConfig.rank={self.rank!r} is not supported: use one of {VALID_RANKS} "
@@ -132,12 +145,30 @@ class LQSConfig:
     calibration_steps: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float)):
+            raise HOTConfigError(f"LQSConfig.ratio={self.ratio!r} must be a number in (0, 1] "
+                                 f"({type(self.ratio).__name__} given).")
+        _check_int("LQSConfig.calibration_steps", self.calibration_steps, "use 1 or more.")
         if not (0.0 < self.ratio <= 1.0):
             raise HOTConfigError(f"LQSConfig.ratio={self.ratio!r} must be in (0, 1].")
         if self.calibration_steps < 1:
             raise HOTConfigError(
                 f"LQSConfig.calibration_steps={self.calibration_steps!r} must be >= 1."
             )
+
+
+def _sub(cls, d):
+    """Sub-config ``cls`` from a dict, naming an unknown field (a sub-config passes through)."""
+    if isinstance(d, cls):
+        return d
+    if not isinstance(d, dict):
+        raise HOTConfigError(f"{cls.__name__} from {d!r}: expected a dict of its fields")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - names
+    if unknown:
+        raise HOTConfigError(f"{cls.__name__} has no field(s) {sorted(unknown)}; "
+                             f"fields: {sorted(names)}")
+    return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -160,10 +191,20 @@ class HOTConfig:
     seed: Optional[int] = None
 
     def __post_init__(self) -> None:
+        for name, cls in (("hq", HQConfig), ("hla", HLAConfig), ("lqs", LQSConfig)):
+            v = getattr(self, name)
+            if not isinstance(v, cls):
+                raise HOTConfigError(
+                    f"HOTConfig.{name}={v!r} must be a hot.{cls.__name__} "
+                    f"({type(v).__name__} given); e.g. HOTConfig({name}=hot.{cls.__name__}(...)), "
+                    f"or HOTConfig().replace({name}={{...}}) to change some fields.")
         for name in ("exact_steps", "int8_steps"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 0:
+            if not _is_int(v) or v < 0:
                 raise HOTConfigError(f"HOTConfig.{name}={v!r} must be a non-negative int.")
+        if self.seed is not None and not _is_int(self.seed):
+            raise HOTConfigError(f"HOTConfig.seed={self.seed!r} must be an int or None "
+                                 f"({type(self.seed).__name__} given).")
 
     @classmethod
     def paper(cls) -> "HOTConfig":
@@ -180,10 +221,13 @@ class HOTConfig:
         """A copy with top-level fields replaced; sub-configs take dicts of their own fields,
         e.g. ``cfg.replace(hla={"rank": 4})``."""
         out = {}
+        fields = {f.name for f in dataclasses.fields(self)}
         for k, v in changes.items():
+            if k not in fields:
+                raise HOTConfigError(f"HOTConfig has no field {k!r}; fields: {sorted(fields)}")
             cur = getattr(self, k)
             if isinstance(v, dict) and dataclasses.is_dataclass(cur):
-                v = dataclasses.replace(cur, **v)
+                v = _sub(type(cur), {**dataclasses.asdict(cur), **v})
             out[k] = v
         return dataclasses.replace(self, **out)
 
@@ -192,9 +236,10 @@ class HOTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "HOTConfig":
-        return cls(
-            hq=HQConfig(**d.get("hq", {})),
-            hla=HLAConfig(**d.get("hla", {})),
-            lqs=LQSConfig(**d.get("lqs", {})),
-            **{k: v for k, v in d.items() if k not in ("hq", "hla", "lqs")},
-        )
+        """The inverse of to_dict; missing fields take their defaults."""
+        subs = {"hq": HQConfig, "hla": HLAConfig, "lqs": LQSConfig}
+        top = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - top
+        if unknown:
+            raise HOTConfigError(f"HOTConfig has no field(s) {sorted(unknown)}; fields: {sorted(top)}")
+        return cls(**{k: _sub(subs[k], v) if k in subs else v for k, v in d.items()})

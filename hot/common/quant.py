@@ -37,8 +37,8 @@ Random numbers u come from one of two streams, both a function of (seed, element
   PCG64 raw 64-bit outputs (four per output, the least significant first on little-endian
   hosts), the generator seeded from SeedSequence([seed]). On GPU, torch.rand from a
   torch.Generator seeded with ``seed`` (24-bit). Row-major order.
-* "hash" (what the fast kernels compute; the reference uses it inside ``hash_rng()`` or with
-  HOT_RNG=hash, so tests can compare both backends bit for bit): a counter-based hash giving
+* "hash" (what the fast kernels compute; the reference uses it inside ``hash_rng()``, so tests
+  can compare both backends bit for bit): a counter-based hash giving
   two 16-bit thresholds per 32-bit hash, for the element at row-major index i,
 
     key     = mix32(seed XOR 0x9E3779B9)
@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 
 import numpy as np
 
@@ -130,7 +129,7 @@ def derive_seed(*parts: int) -> int:
     return seed_prefix(*parts) & 0x7FFFFFFF
 
 
-_RNG = {"mode": os.environ.get("HOT_RNG", "default")}
+_RNG = {"mode": "default"}
 
 
 @contextlib.contextmanager
@@ -259,16 +258,3 @@ def quantize(
     if not bool(torch.isfinite(scale).all()):
         v.nan_to_num_(0.0)  # codes of non-finite groups are stored as 0; the scale carries NaN/Inf
     return v.to(torch.int8), scale
-
-
-def expected_sr_error(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
-    """E ||x - SR(x)||^2 under stochastic rounding: sum scale^2 * f (1 - f), f = frac(v),
-    v = x * reciprocal(scale) as the quantizers form it (so both backends' LQS decide alike).
-
-    Deterministic (no random draw), which is why LQS uses it rather than one noisy sample.
-    """
-    x = x.to(torch.float32)
-    scale = absmax_scale(x, bits, mode)
-    v = x * reciprocal(scale)
-    f = v - torch.floor(v)
-    return (scale.expand_as(v) ** 2 * f * (1 - f)).sum()

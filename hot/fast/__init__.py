@@ -1,24 +1,25 @@
 """The fast backend: Triton transform/quantize kernels and integer GEMMs for Ampere/Ada and Hopper.
 
-Operations (same function as hot.reference, see hot.common.ops):
-    hq_quantize, hla_quantize  -> hot.fast.quant (Triton; hash-stream stochastic rounding)
-    gy_quantize (fused g_y)    -> hot.fast.quant.gy_quantize (both operands from one pass)
-    int_gemm_nt                -> hot.fast.gemm (CUTLASS when built, else Triton int8, fused dequant)
-    fused_backward             -> hot.fast.native (both passes and GEMMs of a layer in one C++ call)
-Kernels are imported on first use, so importing this package never needs a GPU; why_unavailable
+Importing it registers its implementations of the operations of hot.common.ops:
+    hq_quantize, hla_quantize, gy_quantize -> hot.fast.quantize (one pass of two Triton kernels)
+    int_gemm_nt                            -> hot.fast.gemm (CUTLASS when built, else Triton)
+    layer_backward                         -> hot.fast.backward (a whole layer in one C++ call)
+Kernels are compiled on first use, so importing this package never needs a GPU; why_unavailable
 says in plain words why a device cannot run them.
 """
 
 from __future__ import annotations
 
+from ..common import ops
 from ..common.backend import Backend, register_backend
-from . import arch, gemm, native, quant
+from ..common.options import BackendName
+from . import arch, backward, gemm, quantize
 
+NAME = BackendName.FAST.value
 why_unavailable = arch.why_unavailable
 
-BACKEND = Backend("fast", quant.hq_quantize, quant.hla_quantize, gemm.int_gemm_nt, why_unavailable)
-# The optional fused g_y operation (hot.common.ops.gy_quantize looks for this attribute).
-BACKEND.gy_quantize = quant.gy_quantize
-# The optional one-call layer backward (hot.common.ops, fused_backward; hot.fast.native).
-BACKEND.fused_backward = native.fused_backward
-register_backend(BACKEND)
+for _op, _fn in (("hq_quantize", quantize.hq_quantize), ("hla_quantize", quantize.hla_quantize),
+                 ("gy_quantize", quantize.gy_quantize), ("int_gemm_nt", gemm.int_gemm_nt),
+                 ("layer_backward", backward.layer_backward)):
+    ops.register(_op, NAME, _fn)
+register_backend(Backend(NAME, why_unavailable))

@@ -4,9 +4,9 @@ Interface for the fast backend (all tensors on one CUDA device; nothing here run
 
     load() -> module | None
         The extension: the prebuilt ``hot.fast._C`` (pip install --no-build-isolation -e .), else,
-        when HOT_JIT_BUILD=1, a copy compiled now with torch.utils.cpp_extension.load into
-        $HOT_JIT_CACHE (default ~/.cache/hot/jit). None when neither works; cached after the
-        first call.
+        with options().jit_build (HOT_JIT_BUILD=1), a copy compiled now with
+        torch.utils.cpp_extension.load into options().jit_cache (default ~/.cache/hot/jit). None
+        when neither works; cached after the first call.
     why_unavailable(kernel=None, device=None) -> str | None
         None when ``kernel`` ('sm90', 'sm80' or None for the module alone) can run on
         ``device``, else a plain reason ("not built: nvcc not found at build time", "built
@@ -50,11 +50,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 import threading
 from types import ModuleType
 from typing import Optional
 
 import torch
+
+from ..common.options import options
 
 _LOCK = threading.Lock()
 _STATE: dict = {}  # "module": ModuleType | None, "reason": str | None
@@ -84,11 +87,11 @@ def _build_config():
 
 
 def _jit_arch_list() -> str:
-    """$TORCH_CUDA_ARCH_LIST, else only what the visible GPUs need (a JIT build is for this
-    machine): 9.0 -> '9.0a' (wgmma), 8.x -> '8.x'."""
-    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
-    if env:
-        return env
+    """TORCH_CUDA_ARCH_LIST (a build variable, read by build_config), else only what the
+    visible GPUs need (a JIT build is for this machine): 9.0 -> '9.0a' (wgmma), 8.x -> '8.x'."""
+    requested = _build_config().requested_archs()
+    if requested:
+        return requested
     archs = set()
     for i in range(torch.cuda.device_count()):
         major, minor = torch.cuda.get_device_capability(i)
@@ -110,14 +113,12 @@ def jit_build(archs: Optional[str] = None, build_dir: Optional[str] = None, verb
     archs = archs or _jit_arch_list()
     tag = cfg.arch_tag(archs)
     if build_dir is None:
-        root = os.environ.get("HOT_JIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hot", "jit")
-        pyver = f"py{os.sys.version_info.major}{os.sys.version_info.minor}"
+        root = options().jit_cache or os.path.join(os.path.expanduser("~"), ".cache", "hot", "jit")
+        pyver = f"py{sys.version_info.major}{sys.version_info.minor}"
         build_dir = os.path.join(root, f"torch{torch.__version__.replace('+', '_')}_{pyver}_{tag}")
     os.makedirs(build_dir, exist_ok=True)
-    old = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    os.environ["TORCH_CUDA_ARCH_LIST"] = archs  # cpp_extension reads the -gencode list from here
-    try:
-        flags = cfg.compile_args(archs, ptxas_verbose=os.environ.get("HOT_PTXAS_VERBOSE") == "1")
+    with cfg.arch_list_set(archs):  # cpp_extension reads the -gencode list from the environment
+        flags = cfg.compile_args(archs)
         return cpp_extension.load(
             name="hot_fast_C",
             sources=cfg.sources(),
@@ -127,11 +128,6 @@ def jit_build(archs: Optional[str] = None, build_dir: Optional[str] = None, verb
             build_directory=build_dir,
             verbose=verbose,
         )
-    finally:
-        if old is None:
-            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-        else:
-            os.environ["TORCH_CUDA_ARCH_LIST"] = old
 
 
 def _not_built_reason() -> str:
@@ -150,9 +146,9 @@ def _not_built_reason() -> str:
 
 
 def _import_prebuilt() -> ModuleType:
-    """hot.fast._C, or the module file named by HOT_EXT_SO (a JIT build copied from another
-    machine; scripts/gpu_run.sh sets it only when the file was built from the same csrc/)."""
-    so = os.environ.get("HOT_EXT_SO")
+    """hot.fast._C, or the module file named by options().ext_so (HOT_EXT_SO: a JIT build copied
+    from another machine; scripts/gpu_run.sh sets it only when built from the same csrc/)."""
+    so = options().ext_so
     if not so:
         return importlib.import_module("hot.fast._C")
     spec = importlib.util.spec_from_file_location("hot_fast_C", so)
@@ -189,7 +185,7 @@ def load() -> Optional[ModuleType]:
         except ImportError as e:
             missing = isinstance(e, ModuleNotFoundError) and e.name == "hot.fast._C"
             reason = _not_built_reason() if missing else f"import failed: {e}"
-        if module is None and os.environ.get("HOT_JIT_BUILD", "") == "1":
+        if module is None and options().jit_build:
             try:
                 module = jit_build()
                 reason = _stale_reason(module)

@@ -14,8 +14,9 @@ import weakref
 
 import torch
 
-from ..reference import ops as ref
-from .arch import AUTOTUNE, INTERPRET, arch_for
+from ..common.options import options
+from . import _ext
+from .arch import arch_for
 
 INT32_SAFE = (1 << 31) - 1
 MAX_PROD = 128 * 128  # largest |a * b| for int8 codes
@@ -49,14 +50,14 @@ def _configs():
 def _tuned():
     import triton
 
-    from .gemm_kernels import int8_gemm_nt_kernel
+    from .kernels.gemm import int8_gemm_nt_kernel
 
     return triton.autotune(_configs(), key=["M", "N", "K", "SPLIT_K_ELEMS"])(int8_gemm_nt_kernel)
 
 
 def triton_int8_gemm_nt(a, b, sa, sb, out_dtype, split_k: int | None = None):
     """The Triton path for int8 a (M, K), b (N, K); ``split_k`` overrides the chunk (tests)."""
-    from .gemm_kernels import int8_gemm_nt_kernel
+    from .kernels.gemm import int8_gemm_nt_kernel
 
     m, k = a.shape
     n = b.shape[0]
@@ -67,13 +68,13 @@ def triton_int8_gemm_nt(a, b, sa, sb, out_dtype, split_k: int | None = None):
     args = (a, b, sa, sb, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             sa.stride(0) if sa.shape[0] > 1 else 0, sb.stride(0) if sb.shape[0] > 1 else 0,
             out.stride(0), out.stride(1))
-    if INTERPRET or a.device.type != "cuda":
+    if options().interpret or a.device.type != "cuda":
         bk = 32
         grid = ((m + 15) // 16 * ((n + 15) // 16),)
         int8_gemm_nt_kernel[grid](*args, BLOCK_M=16, BLOCK_N=16, BLOCK_K=bk, GROUP_M=2,
                                   SPLIT_K_ELEMS=ska)
         return out
-    if AUTOTUNE:
+    if options().autotune:
         kern = _tuned()
         grid = lambda meta: (((m + meta["BLOCK_M"] - 1) // meta["BLOCK_M"])  # noqa: E731
                              * ((n + meta["BLOCK_N"] - 1) // meta["BLOCK_N"]),)
@@ -89,13 +90,9 @@ def triton_int8_gemm_nt(a, b, sa, sb, out_dtype, split_k: int | None = None):
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _ext():
-    try:
-        from . import _ext
-    except Exception:
-        return None
-    return _ext if _ext.load() is not None else None
+def ext():
+    """The extension module (hot.fast._ext.load()), or None when it is not available."""
+    return _ext.load()
 
 
 # Tensors our quantizers wrote with codes in [-7, 7] (bits <= 4), with their version counter at
@@ -116,29 +113,28 @@ def _small(t: torch.Tensor) -> bool:
     return e is not None and e[0]() is t and e[1] == t._version
 
 
-def _ext_ok(t: torch.Tensor, k_mult: int) -> bool:
+def cutlass_operand_ok(t: torch.Tensor, k_mult: int = 16) -> bool:
+    """Whether the CUTLASS GEMMs take t as it is: K-contiguous, K a multiple of k_mult, 16-byte
+    aligned rows and data."""
     return (t.stride(1) == 1 and t.shape[1] % k_mult == 0 and t.stride(0) % 16 == 0
             and t.data_ptr() % 16 == 0)
 
 
 def int_gemm_nt(a, b, sa, sb, out_dtype):
-    if a.dtype != torch.int8 or b.dtype != torch.int8 or a.numel() == 0 or b.numel() == 0:
-        return ref.int_gemm_nt(a, b, sa, sb, out_dtype)
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"int_gemm_nt: K differs: a {tuple(a.shape)} vs b {tuple(b.shape)}")
-    if out_dtype == torch.float64 or a.device.type != "cuda":
-        return ref.int_gemm_nt(a, b, sa, sb, out_dtype) if out_dtype == torch.float64 \
-            else triton_int8_gemm_nt(a, b, sa, sb, out_dtype)
+    """int8 codes on a GPU (or the interpreter); the op layer hands every other case to the
+    reference."""
+    if a.device.type != "cuda":
+        return triton_int8_gemm_nt(a, b, sa, sb, out_dtype)
     path = gemm_path(a, b)
     sa32 = sa.to(torch.float32).contiguous()
     sb32 = sb.to(torch.float32).contiguous()
     if path == "cutlass_sm90_s8":
-        return _ext().gemm_s8s8_sm90(a, b, sa32, sb32, out_dtype)
+        return _ext.gemm_s8s8_sm90(a, b, sa32, sb32, out_dtype)
     if path == "cutlass_sm80_s4":
-        e = _ext()
-        return e.gemm_s4s4_sm80(e.pack_int4(a, False), e.pack_int4(b, False), sa32, sb32, out_dtype)
+        return _ext.gemm_s4s4_sm80(_ext.pack_int4(a, False), _ext.pack_int4(b, False), sa32,
+                                   sb32, out_dtype)
     if path == "cutlass_sm80_s8":
-        return _ext().gemm_s8s8_sm80(a, b, sa32, sb32, out_dtype)
+        return _ext.gemm_s8s8_sm80(a, b, sa32, sb32, out_dtype)
     return triton_int8_gemm_nt(a, b, sa, sb, out_dtype)
 
 
@@ -148,10 +144,10 @@ def gemm_path(a, b) -> str:
     CUTLASS only where its one-pass int32 sum is exact (K <= max_k; longer K goes to the Triton
     kernel, whose int64 chunk sums keep the result identical to the reference).
     """
-    if not (_ext_ok(a, 16) and _ext_ok(b, 16)):
+    if not (cutlass_operand_ok(a) and cutlass_operand_ok(b)):
         return "triton_s8"
     k = a.shape[1]
-    s4, s8 = _ext_caps(a.device, arch_for(a.device))
+    s4, s8 = ext_caps(a.device, arch_for(a.device))
     if s4 and _small(a) and _small(b) and k <= s4:
         return "cutlass_sm80_s4"
     if s8 and k <= s8:
@@ -160,10 +156,9 @@ def gemm_path(a, b) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _ext_caps(device: torch.device, arch: str) -> tuple[int, int]:
+def ext_caps(device: torch.device, arch: str) -> tuple[int, int]:
     """(max K of the int4 GEMM or 0, max K of the int8 GEMM or 0) usable on this device and arch;
     cached, since asking the extension costs host time on every backward."""
-    e = _ext()
-    if e is None or e.why_unavailable(arch, device) is not None:
+    if ext() is None or _ext.why_unavailable(arch, device) is not None:
         return 0, 0
-    return (e.max_k("int4") if arch == "sm80" else 0), e.max_k("int8")
+    return (_ext.max_k("int4") if arch == "sm80" else 0), _ext.max_k("int8")

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import torch
 
-from .arch import INTERPRET
+from ..common.options import options
 
 _I32 = (-(1 << 31), 1 << 31)
 
 
-def _spec(v):
+def spec(v):
     """A hashable summary of one runtime argument that determines Triton's specialization of it."""
     t = type(v)
     if t is int:
@@ -60,15 +60,15 @@ class Direct:
     def __call__(self, grid, args: tuple, meta: Meta, key=None):
         """Launches; returns the compiled kernel it ran (None under the interpreter or a hook).
 
-        ``key``: the caller's own cache key, or None for (meta.key, _spec of every argument).
+        ``key``: the caller's own cache key, or None for (meta.key, spec of every argument).
         A caller that passes one guarantees it is at least as fine: equal keys must mean equal
-        constexprs and equal _spec of every argument (hot.fast.quant.gy_pass keys on its pass
-        plan, which fixes the shape arguments, plus _spec of the arguments that vary)."""
-        if INTERPRET or _hooks():
+        constexprs and equal spec of every argument (hot.fast.quantize.gy_pass keys on its pass
+        plan, which fixes the shape arguments, plus spec of the arguments that vary)."""
+        if options().interpret or _hooks():
             self.fn[grid](*args, **meta.kw)
             return None
         if key is None:
-            key = (meta.key, tuple(map(_spec, args)))
+            key = (meta.key, tuple(map(spec, args)))
         k = self.cache.get(key)
         if k is None:
             # Triton compiles (or finds) the kernel for exactly these arguments and launches it.

@@ -1,53 +1,63 @@
 """Native launches: a quantizer pass, and a whole layer backward, as one C++ call each.
 
-Why: on the H100 machines a layer backward cost ~0.4 ms of host time in Python (two passes of two
-Triton launches, two GEMM bindings, their argument handling) against tens of microseconds of GPU
-work for ViT-sized layers, so small layers and whole training steps waited on the host
-(docs/performance.md, Round 4).
+Why: a layer backward in Python is two passes of two Triton launches and two GEMM bindings with
+their argument handling, about 0.4 ms of host time on the H100 machines, against tens of
+microseconds of GPU work for ViT-sized layers; small layers and whole steps then wait on the
+host (docs/performance.md).
 
-How: hot.fast.quant launches its Triton kernels through launch.Direct; the first pass of a plan
-compiles and loads them (and runs in Python). ``register`` then hands both loaded kernels to the
-extension (csrc/triton_launch.h: their CUfunction, block size, shared memory and argument kinds,
-checked there against the cubin's own parameter list), and later passes of that plan run in C++
-(csrc/binding.cpp ``run_pass``: the same outputs and arguments as hot.fast.quant.pass_args).
+How: hot.fast.quantize launches its Triton kernels through launch.Direct; the first pass of a
+plan compiles and loads them (and runs in Python). ``register`` then hands both loaded kernels to
+the extension (csrc/triton_launch.h: their CUfunction, block size, shared memory and argument
+kinds, checked there against the cubin's own parameter list), and later passes of that plan run
+in C++ (csrc/binding.cpp ``run_pass``: the same outputs and arguments as passes.pass_args).
 
-    quant_pass(x, p, hq, hla)  -> (hq_q, hq_s, hla_q, hla_s), or None (then Python launches)
-        the same outputs as hot.fast.quant.gy_pass for plan p, from one C++ call.
-    fused_backward(gy, wt, qx, sx, hq, hla, hq_w, gx_dtype, gw_dtype, need_gb) -> (g_x, g_W, g_b)
-        the fast backend's one-call layer backward (hot.common.ops, "fused_backward"): the fused
-        g_y pass (with the bias gradient's column sums when asked), the HQ pass over W^T and
-        both CUTLASS GEMMs. None where it cannot run this case exactly as the composed
-        operations would (no extension or registration, a GEMM that would not be a CUTLASS int8
-        GEMM); the caller then composes the operations.
-
-Off under the Triton interpreter, with HOT_FAST_AUTOTUNE=1 (autotuned kernels are not one fixed
-compiled kernel), with HOT_FAST_NATIVE=0, and where the extension or a registration fails;
-``why_off()`` says why.
+Off under the Triton interpreter, with autotuned tiles (not one fixed compiled kernel), with
+HOT_FAST_NATIVE=0, and where the extension or a registration fails; ``why_off()`` says why.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import threading
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
-from . import quant
-from .arch import AUTOTUNE, INTERPRET, arch_for
-
-ENABLED = os.environ.get("HOT_FAST_NATIVE", "1").strip() not in ("", "0")
+from ..common.ops import HLAArgs, HQArgs
+from ..common.options import on_change, options
+from . import _ext
+from .passes import WORKSPACE, PassOutputs, PassPlan, fixed_tile, seed_key
 
 _LOCK = threading.Lock()
-_PLANS: dict = {}  # (pass plan uid, x 16-byte aligned) -> C++ plan (list of ints) or False
+_PLANS: dict = {}  # (pass plan uid, x 16-byte aligned) -> NativePlan, or False (never)
 _COMPILED: dict = {}  # the same keys -> (stats kernel, quantize kernel) as Triton compiled them
-_STATE: dict = {}  # "why": the first reason registration failed
+_STATE: dict = {}  # "why": the first reason a registration failed
 # How many passes and layer backwards ran natively (benchmarks and tests read it).
-CALLS = {"quant_pass": 0, "fused_backward": 0}
+CALLS = {"quant_pass": 0, "layer_backward": 0}
 
 # Triton signature types -> csrc/triton_launch.h argument kinds.
 _KINDS = {"i32": "i", "i64": "l", "constexpr": "c"}
+
+
+class NativePlan(NamedTuple):
+    """A pass plan as csrc/binding.cpp reads it: the fields of its enum PassField, in order."""
+
+    stats_id: int
+    quantize_id: int
+    grid0: int
+    grid1: int
+    grid2: int
+    R: int
+    C: int
+    C16: int
+    LR: int
+    NBLK: int
+    nh: int
+    nl: int
+    hq_spad: int
+    hla_spad: int
+    do_hq: int
+    do_hla: int
+    do_bsum: int
 
 
 def kinds_of(signature: dict) -> Optional[str]:
@@ -65,25 +75,33 @@ def kinds_of(signature: dict) -> Optional[str]:
     return "".join(out)
 
 
-def _module():
-    from .gemm import _ext
-
-    e = _ext()
-    m = e.load() if e is not None else None
+def module():
+    """The extension module if it has native launches, else None."""
+    m = _ext.load()
     return m if m is not None and hasattr(m, "layer_backward") else None
 
 
 def why_off() -> Optional[str]:
     """None when native launches are in use, else why not."""
-    if not ENABLED:
+    o = options()
+    if not o.native:
         return "HOT_FAST_NATIVE=0"
-    if INTERPRET:
+    if o.interpret:
         return "the Triton interpreter runs the kernels"
-    if AUTOTUNE:
+    if not fixed_tile():
         return "HOT_FAST_AUTOTUNE=1 (autotuned kernels launch through Triton)"
-    if _module() is None:
+    if module() is None:
         return "the extension hot.fast._C is not loaded or predates native launches"
     return _STATE.get("why")
+
+
+@on_change
+def forget() -> None:
+    """Forget registrations: plans are rebuilt when the options change."""
+    with _LOCK:
+        _PLANS.clear()
+        _COMPILED.clear()
+        _STATE.clear()
 
 
 def _off_reason(k, nargs: int) -> Optional[str]:
@@ -108,130 +126,68 @@ def _register_kernel(mod, k, nargs: int) -> int:
     why = _off_reason(k, nargs)
     if why is not None:
         raise RuntimeError(why)
-    from ._ext import result_or_raise
-
-    ret = mod.register_triton(int(k.function), 32 * int(k.metadata.num_warps), int(k.metadata.shared),
-                              kinds_of(k.src.signature))
-    _, err = ret
-    if err:
-        result_or_raise((None, err))
-    return int(ret[0])
+    ret = mod.register_triton(int(k.function), 32 * int(k.metadata.num_warps),
+                              int(k.metadata.shared), kinds_of(k.src.signature))
+    return int(_ext.result_or_raise(ret))
 
 
-def register(p: dict, x: torch.Tensor, stats_k, quant_k, nargs: tuple[int, int]) -> None:
-    """After a Python launch of plan p over x (stats_k, quant_k: the compiled kernels it ran,
+def register(p: PassPlan, x: torch.Tensor, stats_k, quantize_k, nargs: tuple[int, int]) -> None:
+    """After a Python launch of plan p over x (stats_k, quantize_k: the compiled kernels it ran,
     nargs: how many runtime arguments each took): make the plan's later passes native, or never."""
-    key = (p["uid"], x.data_ptr() % 16 == 0)
-    if key in _PLANS or why_off() is not None or stats_k is None or quant_k is None:
+    key = (p.uid, x.data_ptr() % 16 == 0)
+    if key in _PLANS or why_off() is not None or stats_k is None or quantize_k is None \
+            or callable(p.grid):
         return
-    grid = p["grid"]
-    if callable(grid):
-        return
-    mod = _module()
+    mod = module()
     with _LOCK:
         if key in _PLANS:
             return
         try:
-            ids = (_register_kernel(mod, stats_k, nargs[0]), _register_kernel(mod, quant_k, nargs[1]))
+            ids = (_register_kernel(mod, stats_k, nargs[0]),
+                   _register_kernel(mod, quantize_k, nargs[1]))
         except Exception as e:  # the Python path stays correct; say why once
             _STATE.setdefault("why", f"registration failed: {type(e).__name__}: {e}")
             _PLANS[key] = False
             return
-        _COMPILED[key] = (stats_k, quant_k)
-        g = tuple(grid) + (1,) * (3 - len(grid))
-        sw = p["sw"].kw
-        _PLANS[key] = [ids[0], ids[1], *g, x.shape[0], x.shape[1], p["c16"], p["lr"], p["l16"] // 16,
-                       p["nh"], p["nl"], p["hq_spad"], p["hla_spad"], int(sw["DO_HQ"]), int(sw["DO_HLA"]),
-                       int(p["bsum"])]
+        _COMPILED[key] = (stats_k, quantize_k)
+        _PLANS[key] = NativePlan(ids[0], ids[1], *p.grid, x.shape[0], x.shape[1], p.c16, p.lr,
+                                 p.l16 // 16, p.nh, p.nl, p.hq_spad, p.hla_spad, int(p.do_hq),
+                                 int(p.do_hla), int(p.bsum))
 
 
-def _plan(p: dict, x: torch.Tensor):
-    return _PLANS.get((p["uid"], x.data_ptr() % 16 == 0)) if ENABLED else None
+def plan(p: PassPlan, x: torch.Tensor) -> Optional[NativePlan]:
+    """The registered native plan of p for x's alignment, or None (falsy: not registered)."""
+    return _PLANS.get((p.uid, x.data_ptr() % 16 == 0)) if options().native else None
 
 
-def quant_pass(x: torch.Tensor, p: dict, hq: Optional[tuple], hla: Optional[tuple]):
-    """hot.fast.quant.gy_pass(x, hq, hla, bsum=p["bsum"]) for plan p in one C++ call, as
-    (hq_q, hq_s, hla_q, hla_s, bsum or None); None when the plan is not registered."""
-    cp = _plan(p, x)
+def quant_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
+               hla: Optional[HLAArgs]) -> Optional[PassOutputs]:
+    """hot.fast.quantize.gy_pass(x, hq, hla, bsum=p.bsum) for plan p in one C++ call; None when
+    the plan is not registered."""
+    cp = plan(p, x)
     if not cp:
         return None
-    from ._ext import result_or_raise
-
     CALLS["quant_pass"] += 1
-    amax, epoch = quant._WS.take(x.device, p["nh"] + p["nl"] + 1)
-    out = result_or_raise(_module().quant_pass(
-        cp, x, p["h16"], p["t"], amax, epoch, quant._key(hq[3]) if hq else 0,
-        quant._key(hla[5]) if hla else 0))
-    return tuple(out)
+    amax, epoch = WORKSPACE.take(x.device, p.nh + p.nl + 1)
+    out = _ext.result_or_raise(module().quant_pass(
+        list(cp), x, p.h16, amax, epoch, seed_key(hq.seed) if hq else 0,
+        seed_key(hla.seed) if hla else 0))
+    return PassOutputs(*out)
 
 
 _DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-@functools.lru_cache(maxsize=1024)
-def _gemm_kind_of(dev: torch.device, k_gx: int, k_gw: int, hq_bits: int) -> Optional[int]:
-    from . import gemm
-
-    arch = arch_for(dev)
-    s4, s8 = gemm._ext_caps(dev, arch)
-    if not s8 or k_gx % 16 or k_gw % 16 or max(k_gx, k_gw) > s8:
-        return None
-    if arch == "sm80" and s4 and hq_bits <= 4:
-        return None  # the composed path packs 4-bit codes for the int4 GEMM there
-    return 0 if arch == "sm90" else 1
-
-
-def _gemm_kind(dev: torch.device, k_gx: int, k_gw: int, qx: torch.Tensor, hq_bits: int) -> Optional[int]:
-    """0 (CUTLASS SM90 int8) or 1 (CUTLASS SM80 int8) where hot.fast.gemm.int_gemm_nt would run
-    that GEMM for both products of this backward, else None (the composed path then runs)."""
-    from .gemm import _ext_ok
-
-    return _gemm_kind_of(dev, k_gx, k_gw, hq_bits) if _ext_ok(qx, 16) else None
-
-
-def fused_backward(gy, wt, qx, sx, hq: tuple, hla: tuple, hq_w: tuple, gx_dtype: torch.dtype,
-                   gw_dtype: torch.dtype, need_gb: bool = False):
-    """(g_x, g_W, g_b) of one layer in one C++ call (module docstring), or None.
-
-    hq = (bits, scale_mode, stochastic, seed) for g_y's HQ operand, hla = (rank, selection, bits,
-    scale_mode, stochastic, seed) for its HLA operand, hq_w = HQ of W^T; qx, sx = ABC's saved
-    operand. Exactly (int_gemm_nt(q_gy, q_w, s_gy, s_w), int_gemm_nt(q_hla, qx, s_hla, sx)) with
-    (q_gy, s_gy, q_hla, s_hla) = gy_quantize(gy, *hq, *hla) and (q_w, s_w) = hq_quantize(wt, *hq_w).
-    g_b: with need_gb, the column sums of gy in gy's dtype (float32 sums formed by the g_y pass's
-    stats kernel, quant.gy_pass bsum=True), else None (also where the kernel cannot form them).
-
-    The first call for a pair of plans launches them in Python (which registers them) and
-    composes the GEMMs; later calls are one C++ call."""
-    if (gy.dtype not in _DT or wt.dtype not in _DT or gx_dtype not in _DT or gw_dtype not in _DT
-            or gy.numel() == 0 or wt.numel() == 0 or not hq[0] or not hla[2] or not hq_w[0]
-            or gy.device.type != "cuda" or sx.dtype != torch.float32 or not ENABLED):
-        return None
-    bsum = need_gb and quant.bsum_capable()
-    pg = quant.plan_for(gy, hq, hla, bsum)
-    pw = quant.plan_for(wt, hq_w, None)
-    kind = _gemm_kind(gy.device, pg["c16"], pg["lr"], qx, hq[0])
-    if kind is None or qx.shape[1] != pg["lr"] or pw["c16"] != pg["c16"]:
-        return None
-    cg, cw = _plan(pg, gy), _plan(pw, wt)
-    if not cg or not cw:
-        if why_off() is not None:
-            return None
-        # This pair of plans has not run yet: launch it in Python (which registers it) and
-        # compose; int_gemm_nt runs the same CUTLASS GEMM (_gemm_kind) as layer_backward would.
-        from .gemm import int_gemm_nt
-
-        outs = quant.gy_pass(gy, hq, hla, bsum)
-        qw, sw, _, _ = quant.gy_pass(wt, hq_w, None)
-        gx = int_gemm_nt(outs[0], qw, outs[1], sw, gx_dtype)
-        gw = int_gemm_nt(outs[2], qx, outs[3], sx, gw_dtype)
-        return gx, gw, (outs[4].to(gy.dtype) if bsum else None)
-    from ._ext import result_or_raise
-
-    CALLS["fused_backward"] += 1
+def layer_backward(pg: PassPlan, pw: PassPlan, cg: NativePlan, cw: NativePlan, gy: torch.Tensor,
+                   wt: torch.Tensor, qx: torch.Tensor, sx: torch.Tensor, hq: HQArgs,
+                   hla: HLAArgs, hq_w: HQArgs, gemm_kind: int, gx_dtype: torch.dtype,
+                   gw_dtype: torch.dtype):
+    """[g_x, g_W, g_b or None] of one layer from the registered plans cg (g_y) and cw (W^T) in
+    one C++ call (csrc/binding.cpp layer_backward)."""
+    CALLS["layer_backward"] += 1
     dev = gy.device
-    amax_g, eg = quant._WS.take(dev, pg["nh"] + pg["nl"] + 1)
-    amax_w, ew = quant._WS.take(dev, pw["nh"] + 1)
-    gx, gw, gb = result_or_raise(_module().layer_backward(
-        cg, cw, gy, wt, qx, sx, pg["h16"], pg["t"], pw["t"], amax_g, eg, amax_w, ew,
-        quant._key(hq[3]), quant._key(hla[5]), quant._key(hq_w[3]), kind, _DT[gx_dtype], _DT[gw_dtype]))
-    return gx, gw, gb
+    amax_g, eg = WORKSPACE.take(dev, pg.nh + pg.nl + 1)
+    amax_w, ew = WORKSPACE.take(dev, pw.nh + 1)
+    return _ext.result_or_raise(module().layer_backward(
+        list(cg), list(cw), gy, wt, qx, sx, pg.h16, amax_g, eg, amax_w, ew, seed_key(hq.seed),
+        seed_key(hla.seed), seed_key(hq_w.seed), gemm_kind, _DT[gx_dtype], _DT[gw_dtype]))

@@ -7,6 +7,7 @@ and add two persistent buffers, ``hot_step`` and ``hot_lqs`` (see ``hot.nn.state
 from __future__ import annotations
 
 import copy
+import copyreg
 import zlib
 from typing import Optional
 
@@ -15,16 +16,15 @@ import torch.nn as nn
 
 from ..common.backend import resolve_backend
 from ..common.config import HOTConfig
-from . import compiled
-from .function import HOTConv2dFunction, HOTLinearFunction, no_autocast
-from .state import LQS_UNDECIDED, make_plan
+from . import autograd
+from .state import LQS_UNDECIDED
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 # What _hot_init adds to a module (unconvert removes exactly these).
-HOT_BUFFERS = ("hot_step", "hot_lqs", "hot_lqs_err", "hot_lqs_seen")
-HOT_ATTRS = ("hot_config", "hot_name", "hot_backend", "hot_id", "_hot_resolved",
+HOT_BUFFERS = ("hot_step", "hot_lqs")
+HOT_ATTRS = ("hot_config", "hot_name", "hot_backend", "hot_id", "hot_lqs_stats", "_hot_resolved",
              "_hot_step_value", "_hot_lqs_value", "_hot_exact_phase", "_hot_key")
 
 
@@ -67,24 +67,40 @@ class _HOTMixin:
         dev = self.weight.device
         self.register_buffer("hot_step", torch.zeros((), dtype=torch.int64, device=dev))
         self.register_buffer("hot_lqs", torch.full((), LQS_UNDECIDED, dtype=torch.int8, device=dev))
-        self.register_buffer("hot_lqs_err", torch.zeros(2, dtype=torch.float64, device=dev),
-                             persistent=False)
-        self.register_buffer("hot_lqs_seen", torch.zeros((), dtype=torch.int64, device=dev),
-                             persistent=False)
+        # LQS calibration: the summed statistics (hot.common.lqs, on the CPU) and the passes seen.
+        self.hot_lqs_stats = [torch.zeros(3, dtype=torch.float64), 0]
         self._hot_resolved: dict = {}
         # Python mirrors of the two persistent buffers: reading a CUDA buffer every step would
         # synchronize the GPU; writing it (fill_) does not.
         self._hot_step_value = 0
         self._hot_lqs_value = LQS_UNDECIDED
         self._hot_exact_phase = config.exact_steps > 0
-        self._hot_key = compiled.register(self)
+        self._hot_key = autograd.register(self)
 
     def __setstate__(self, state):
         # deepcopy and unpickling land here: the copy is another layer with its own state, so it
-        # needs its own key for the compiled ops (a shared key would run the original's state).
+        # needs its own key for the operators (a shared key would run the original's state).
         super().__setstate__(state)
         if "_hot_key" in self.__dict__:
-            self._hot_key = compiled.register(self)
+            self._hot_key = autograd.register(self)
+
+    def __reduce_ex__(self, protocol):
+        # The HOT class of a subclass is made at run time (hot_class): pickle it as "the HOT
+        # class of <original class>", which unpickling rebuilds.
+        rv = super().__reduce_ex__(protocol)
+        if type(self) in (HOTLinear, HOTConv2d) or rv[0] is not copyreg.__newobj__:
+            return rv
+        return (_new_hot_instance, (type(self)._hot_original,)) + tuple(rv[2:])
+
+    def _apply(self, fn, recurse=True):
+        # Casts and moves (half(), to(), to_empty() after meta init) rebuild the buffers; the
+        # Python mirrors are the truth, so the buffers are written from them again (to_empty
+        # leaves uninitialized memory, and a float cast must never touch the state).
+        out = super()._apply(fn, recurse)
+        if "_hot_step_value" in self.__dict__ and self.hot_step.device.type != "meta":
+            self.hot_step.fill_(self._hot_step_value)
+            self.hot_lqs.fill_(self._hot_lqs_value)
+        return out
 
     def hot_step_value(self) -> int:
         return self._hot_step_value
@@ -111,20 +127,34 @@ class _HOTMixin:
         self._hot_lqs_value = int(choice)
         self.hot_lqs.fill_(int(choice))
         if choice == LQS_UNDECIDED:
-            self.hot_lqs_err.zero_()
-            self.hot_lqs_seen.zero_()
+            self.hot_lqs_stats = [torch.zeros(3, dtype=torch.float64), 0]
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
-        # A plain model's checkpoint has no hot_* buffers: keep their current values.
+        # A plain model's checkpoint has no hot_* buffers: the layer keeps its state. With them,
+        # the state is read from the checkpoint's values (the mirrors first: load with
+        # assign=True replaces the buffer objects themselves).
+        for k, attr in (("hot_step", "_hot_step_value"), ("hot_lqs", "_hot_lqs_value")):
+            v = state_dict.get(prefix + k)
+            if v is not None and attr in self.__dict__:
+                if v.numel() != 1 or v.dtype.is_floating_point:
+                    error_msgs.append(f"HOT layer {self.hot_name!r}: {prefix + k} must be one "
+                                      f"integer, got shape {tuple(v.shape)} {v.dtype}")
+                    continue
+                self.__dict__[attr] = int(v)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
-        for k in ("hot_step", "hot_lqs"):
+        for k in HOT_BUFFERS:
             if prefix + k in missing_keys:
                 missing_keys.remove(prefix + k)
-        if hasattr(self, "_hot_step_value"):
-            self._hot_step_value = int(self.hot_step)
-            self._hot_lqs_value = int(self.hot_lqs)
+        if "_hot_step_value" in self.__dict__:
+            if self.hot_step.device.type != "meta":
+                self.hot_step.fill_(self._hot_step_value)
+                self.hot_lqs.fill_(self._hot_lqs_value)
+            if self._hot_lqs_value not in (-1, 0, 1):
+                error_msgs.append(f"HOT layer {self.hot_name!r}: {prefix}hot_lqs = "
+                                  f"{self._hot_lqs_value} is not -1, 0 or 1")
+                self._hot_lqs_value = LQS_UNDECIDED
             self._hot_exact_phase = self._hot_step_value < self.hot_config.exact_steps
 
     def _backend_for(self, device: torch.device) -> str:
@@ -176,14 +206,6 @@ class HOTLinear(_HOTMixin, nn.Linear):
                     backend: Optional[str] = None) -> "HOTLinear":
         return cls.from_module(mod, config, name, backend)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Two paths on purpose: eager calls never go through the torch.library dispatcher
-        # (20-40 us a call of host time); under tracing the HOT state must stay out of the graph,
-        # which the custom ops of hot.nn.compiled do without a graph break.
-        if torch.compiler.is_compiling():
-            return self._hot_forward_traced(x)
-        return self._hot_forward(x)
-
     def _check_features(self, x: torch.Tensor) -> None:
         self._check_input(x)
         if x.shape[-1] != self.in_features:
@@ -192,27 +214,16 @@ class HOTLinear(_HOTMixin, nn.Linear):
                 f"dimension, but the layer expects in_features={self.in_features}."
             )
 
-    def _hot_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_features(x)
         if not self._needs_backward(x):
             return nn.functional.linear(x, self.weight, self.bias)
         x, w, b = self._autocast(x, self.weight, self.bias)
-        plan = make_plan(self, self.hot_config, self._backend_for(x.device), self._seq(x))
-        with no_autocast(x.device.type):
-            return HOTLinearFunction.apply(x, w, b, self, plan)
+        return autograd.linear(self, x, w, b, self._seq(x))
 
     def _seq(self, x: torch.Tensor) -> int:
         """Rows per sequence (tokens) for blocking='sequence', else 0."""
         return x.shape[-2] if (self.hot_config.hla.blocking == "sequence" and x.dim() >= 3) else 0
-
-    def _hot_forward_traced(self, x: torch.Tensor) -> torch.Tensor:
-        """forward while torch.compile traces: the HOT work runs inside opaque custom ops that
-        read the layer's per-call state at run time (hot.nn.compiled), so no graph break."""
-        self._check_features(x)
-        if not self._needs_backward(x):
-            return nn.functional.linear(x, self.weight, self.bias)
-        x, w, b = self._autocast(x, self.weight, self.bias)
-        return compiled.linear(self, x, w, b, self._seq(x))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", " + self.hot_extra_repr()
@@ -230,17 +241,12 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
             pad = _resolve_padding(self)
         return (tuple(self.stride), tuple(pad), tuple(self.dilation))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return self._hot_forward_traced(x)
-        return self._hot_forward(x)
-
     def _check_4d(self, x: torch.Tensor) -> None:
         self._check_input(x)
         if x.dim() != 4:
             raise HOTLayerError(
-                f"HOT layer {self.hot_name!r}: HOTConv2d takes 4-D input (N, C, H, W), got shape "
-                f"{tuple(x.shape)}; add a batch dimension (x.unsqueeze(0))."
+                f"HOT layer {self.hot_name!r}: HOTConv2d takes (N, C, H, W) or (C, H, W) input, "
+                f"got shape {tuple(x.shape)}."
             )
 
     def _seq(self, x: torch.Tensor, w: torch.Tensor, geom) -> int:
@@ -251,26 +257,15 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
         wd = (x.shape[3] + 2 * geom[1][1] - geom[2][1] * (w.shape[3] - 1) - 1) // geom[0][1] + 1
         return h * wd
 
-    def _hot_forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_4d(x)
-        if not self._needs_backward(x):
-            return self._conv_forward(x, self.weight, self.bias)
-        x, w, b = self._autocast(x, self.weight, self.bias)
-        cfg = self.hot_config
-        geom = self._geom()
-        seq = self._seq(x, w, geom)
-        plan = make_plan(self, cfg, self._backend_for(x.device), seq)
-        with no_autocast(x.device.type):
-            return HOTConv2dFunction.apply(x, w, b, self, plan, geom)
-
-    def _hot_forward_traced(self, x: torch.Tensor) -> torch.Tensor:
-        """forward while torch.compile traces (see HOTLinear._hot_forward_traced)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 3:  # unbatched, as nn.Conv2d accepts
+            return self.forward(x.unsqueeze(0)).squeeze(0)
         self._check_4d(x)
         if not self._needs_backward(x):
             return self._conv_forward(x, self.weight, self.bias)
         x, w, b = self._autocast(x, self.weight, self.bias)
         geom = self._geom()
-        return compiled.conv2d(self, x, w, b, geom, self._seq(x, w, geom))
+        return autograd.conv2d(self, x, w, b, geom, self._seq(x, w, geom))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", " + self.hot_extra_repr()
@@ -301,3 +296,30 @@ def conv_supported(mod: nn.Conv2d) -> Optional[str]:
         except HOTLayerError:
             return "padding='same' with an even kernel (asymmetric padding)"
     return None
+
+
+HOTLinear._hot_original = nn.Linear
+HOTConv2d._hot_original = nn.Conv2d
+_HOT_CLASSES: dict = {nn.Linear: HOTLinear, nn.Conv2d: HOTConv2d}
+
+
+def hot_class(cls: type) -> type:
+    """The HOT layer class for modules of class ``cls`` (nn.Linear, nn.Conv2d or a subclass that
+    keeps the parent's forward): HOTLinear / HOTConv2d, or for a subclass a class derived from
+    both, so the converted layer is still an instance of ``cls`` and keeps its other methods."""
+    hot = _HOT_CLASSES.get(cls)
+    if hot is None:
+        base = HOTLinear if issubclass(cls, nn.Linear) else HOTConv2d
+        hot = _HOT_CLASSES[cls] = type(f"HOT{cls.__name__}", (base, cls),
+                                       {"__module__": __name__, "_hot_original": cls})
+    return hot
+
+
+def original_class(cls: type) -> type:
+    """The class a HOT layer class was made for (what unconvert restores)."""
+    return cls._hot_original
+
+
+def _new_hot_instance(original: type):
+    cls = hot_class(original)
+    return cls.__new__(cls)

@@ -2,81 +2,34 @@
 
 Each function computes exactly what ``hot.common.ops`` documents, on CPU or GPU, with real
 integer codes (int8 tensors) and a floating-point GEMM that is exact for them (see
-``int_gemm_nt``). Readable first; speed is the fast backend's job.
+``int_gemm_nt``). Readable first; speed is the fast backend's job. It registers as the default
+implementation of every operation (hot.common.ops.DEFAULT).
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
-import torch.nn.functional as F
 
-from ..common import quant
+from ..common import ops, quant
 from ..common.backend import Backend, register_backend
-from ..common.config import BLOCK
-from ..common.ops import pad_to
-from ..common.walsh import hadamard16, hla_matrix
+from ..common.ops import HLAArgs, HQArgs, Quantized
+from ..common.transforms import hla_transform, hq_transform
 
 
-@functools.lru_cache(maxsize=None)
-def _hadamard(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return hadamard16().to(device=device, dtype=dtype)
-
-
-@functools.lru_cache(maxsize=None)
-def _hla(rank: int, selection: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    # Transposed once here: (16, rank), the right operand of the block product.
-    return hla_matrix(rank, selection).t().contiguous().to(device=device, dtype=dtype)
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def hq_transform(x: torch.Tensor) -> torch.Tensor:
-    """pad(x) @ (I (x) H16) along the last dimension of a 2-D x, in float32 (float64 stays)."""
-    dt = _compute_dtype(x)
-    r, c = x.shape
-    c16 = pad_to(c)
-    xp = x.to(dt)
-    if c16 != c:
-        xp = F.pad(xp, (0, c16 - c))
-    h = _hadamard(x.device, dt)
-    # One 2-D GEMM over all blocks of 16. For a transposed input (W^T) the reshape copies it
-    # once; the batched product on the strided view ran one small GEMM per row on CPU.
-    return (xp.reshape(-1, BLOCK) @ h).reshape(r, c16)
-
-
-def hla_transform(x: torch.Tensor, rank: int, selection: str) -> torch.Tensor:
-    """((I (x) T_r) pad(x))^T for a 2-D x (L, C): shape (C, L16 / 16 * rank)."""
-    dt = _compute_dtype(x)
-    length, c = x.shape
-    l16 = pad_to(length)
-    xp = x.to(dt)
-    if l16 != length:
-        xp = F.pad(xp, (0, 0, 0, l16 - length))
-    t = _hla(rank, selection, x.device, dt).t()  # (rank, 16)
-    # T_r applied to each block of 16 rows as one broadcast batched product on the contiguous
-    # (nb, 16, C) view: no copy of the input (a transposed view made CPU bmm ~500x slower).
-    coef = torch.matmul(t, xp.reshape(l16 // BLOCK, BLOCK, c))  # (nb, rank, C)
-    coef = coef.transpose(1, 2)  # (nb, C, rank)
-    return coef.permute(1, 0, 2).reshape(c, l16 // BLOCK * rank)
-
-
-def _finish(t: torch.Tensor, bits: int, scale_mode: str, stochastic: bool, seed: int):
+def _finish(t: torch.Tensor, bits: int, scale_mode, stochastic: bool, seed: int) -> Quantized:
     if bits == 0:
-        return t, torch.ones((t.shape[0] if scale_mode == "row" else 1, 1),
-                             dtype=torch.float32, device=t.device)
-    return quant.quantize(t, bits, scale_mode, stochastic, seed)
+        return Quantized(t, torch.ones((t.shape[0] if scale_mode == ops.ScaleMode.ROW else 1, 1),
+                                       dtype=torch.float32, device=t.device))
+    return Quantized(*quant.quantize(t, bits, ops.ScaleMode(scale_mode).value, stochastic, seed))
 
 
-def hq_quantize(x, bits, scale_mode, stochastic, seed):
-    return _finish(hq_transform(x), bits, scale_mode, stochastic, seed)
+def hq_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
+    return _finish(hq_transform(x), a.bits, a.scale_mode, a.stochastic, a.seed)
 
 
-def hla_quantize(x, rank, selection, bits, scale_mode, stochastic, seed):
-    return _finish(hla_transform(x, rank, selection), bits, scale_mode, stochastic, seed)
+def hla_quantize(x: torch.Tensor, a: HLAArgs) -> Quantized:
+    return _finish(hla_transform(x, a.rank, a.selection), a.bits, a.scale_mode, a.stochastic,
+                   a.seed)
 
 
 def _absmax_int(t: torch.Tensor) -> int:
@@ -143,12 +96,7 @@ def int_gemm_nt(a, b, sa, sb, out_dtype):
     return out.to(out_dtype)
 
 
-register_backend(
-    Backend(
-        name="reference",
-        hq_quantize=hq_quantize,
-        hla_quantize=hla_quantize,
-        int_gemm_nt=int_gemm_nt,
-        why_unavailable=lambda device: None,
-    )
-)
+for _name, _fn in (("hq_quantize", hq_quantize), ("hla_quantize", hla_quantize),
+                  ("int_gemm_nt", int_gemm_nt)):
+    ops.register(_name, ops.DEFAULT, _fn)
+register_backend(Backend(ops.DEFAULT, why_unavailable=lambda device: None))

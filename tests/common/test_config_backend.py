@@ -60,12 +60,15 @@ def test_unknown_backend_argument_names_value():
         hot.convert(torch.nn.Sequential(torch.nn.Linear(4, 4)), backend="foo")
 
 
-def test_unknown_backend_env_var_names_value_and_source(monkeypatch):
-    monkeypatch.setenv("HOT_BACKEND", "foo")
-    with pytest.raises(BackendUnavailableError, match=r"HOT_BACKEND='foo'"):
-        hot.convert(torch.nn.Sequential(torch.nn.Linear(4, 4)))
-    with pytest.raises(BackendUnavailableError, match="'foo'"):
-        backend.resolve_backend(None, torch.device("cpu"))
+def test_unknown_backend_env_var_names_value_and_source():
+    from hot.common.options import OptionsError, from_env
+
+    with pytest.raises(OptionsError, match=r"HOT_BACKEND='foo' is not one of"):
+        from_env({"HOT_BACKEND": "foo"})
+    with pytest.raises(BackendUnavailableError, match="backend='foo'"):
+        backend.resolve_backend("foo", torch.device("cpu"))
+    with pytest.raises(BackendUnavailableError, match="backend='foo'"):
+        hot.convert(torch.nn.Sequential(torch.nn.Linear(4, 4)), backend="foo")
 
 
 def test_fast_requested_where_it_cannot_run_fails_at_first_forward_naming_layer():
@@ -76,13 +79,16 @@ def test_fast_requested_where_it_cannot_run_fails_at_first_forward_naming_layer(
         model(x)
 
 
-def test_fast_via_env_fails_and_auto_falls_back(monkeypatch):
-    monkeypatch.setenv("HOT_BACKEND", "fast")
-    with pytest.raises(BackendUnavailableError, match="fast"):
-        backend.resolve_backend(None, torch.device("cpu"), "blk.fc")
-    monkeypatch.setenv("HOT_BACKEND", "auto")
-    assert backend.resolve_backend(None, torch.device("cpu")) == "reference"
-    assert backend.resolve_backend("reference", torch.device("cpu")) == "reference"
+def test_fast_via_env_fails_and_auto_falls_back():
+    from hot.common.options import BackendName, from_env, override
+
+    assert from_env({"HOT_BACKEND": " Fast "}).backend == BackendName.FAST
+    with override(backend=BackendName.FAST):
+        with pytest.raises(BackendUnavailableError, match="fast.*'blk.fc'"):
+            backend.resolve_backend(None, torch.device("cpu"), "blk.fc")
+    with override(backend=BackendName.AUTO):
+        assert backend.resolve_backend(None, torch.device("cpu")) == "reference"
+        assert backend.resolve_backend("reference", torch.device("cpu")) == "reference"
 
 
 def test_auto_picks_fast_where_it_can_run(monkeypatch):
@@ -90,8 +96,8 @@ def test_auto_picks_fast_where_it_can_run(monkeypatch):
     # stays the reference.
     from hot.common.backend import get_backend, resolve_backend
 
-    fast = get_backend("fast")
-    monkeypatch.setattr(fast, "why_unavailable", lambda device: None)
+    get_backend("fast")  # imports and registers it
+    monkeypatch.setitem(backend._REGISTRY, "fast", backend.Backend("fast", lambda device: None))
     dev = torch.device("cpu")
     assert resolve_backend("auto", dev) == "fast"
     assert resolve_backend("fast", dev) == "fast"

@@ -259,16 +259,24 @@ def test_non_finite_input_makes_scale_and_product_non_finite(bad, mode):
 
 
 @pytest.mark.parametrize("mode", ["row", "tensor"])
-def test_expected_sr_error_matches_monte_carlo(mode):
-    """E||x - SR(x)||^2 = sum scale^2 f (1 - f) (what LQS compares). The Monte Carlo mean over
-    n = 400 seeds has standard error sd / sqrt(n), sd estimated from the 400 samples; 5 of them."""
-    x = torch.randn(16, 16)
-    x[3] *= 30  # an outlier token makes the two modes differ
-    expect = quant.expected_sr_error(x, 4, mode).item()
+def test_lqs_statistic_matches_monte_carlo(mode):
+    """LQS compares sum over tokens of E||t_i - SR(t_i)||^2 / ||t_i||^2 (hot.common.lqs), with
+    E||t_i - SR(t_i)||^2 = s^2 sum_j f (1 - f). The Monte Carlo mean over n = 400 seeds of the
+    same sum, from the quantizer itself, has standard error sd / sqrt(n), sd estimated from the
+    400 samples; 5 of them."""
+    from hot.common import lqs
+    from hot.common.transforms import hq_transform
+
+    gy = torch.randn(16, 16)
+    gy[3] *= 30  # an outlier token makes the two modes differ
+    stats = lqs.statistics(gy, 4)
+    expect = float(stats[0] if mode == "row" else stats[1])
+    assert float(stats[2]) == 16
+    t = hq_transform(gy)
     errs = []
     for seed in range(400):
-        q, s = quant.quantize(x, 4, mode, True, seed=seed)
-        errs.append(((q.float() * s - x) ** 2).sum().item())
+        q, s = quant.quantize(t, 4, mode, True, seed=seed)
+        errs.append(((q.float() * s - t) ** 2).sum(1).div(t.square().sum(1)).sum().item())
     errs = torch.tensor(errs, dtype=torch.float64)
     sd_mean = errs.std().item() / math.sqrt(len(errs))
     assert abs(errs.mean().item() - expect) <= 5 * sd_mean

@@ -14,22 +14,9 @@ from __future__ import annotations
 import torch
 
 from hot.common import quant
-from hot.fast import quant as fq
+from hot.common.ops import HLAArgs, HQArgs, ScaleMode
 
 EPS32 = 2.0 ** -23
-
-
-def run_variant(variant, x, hq, hla):
-    """(hq_q, hq_s, hla_q, hla_s) of one fused pass with quantize-kernel variant ``variant``
-    (the plan cache is cleared around it, so the variant's own kernels run)."""
-    old = fq.QKERNEL_VARIANT
-    fq.QKERNEL_VARIANT = variant
-    fq._pass_plan.cache_clear()
-    try:
-        return fq.gy_pass(x, hq, hla)
-    finally:
-        fq.QKERNEL_VARIANT = old
-        fq._pass_plan.cache_clear()
 
 
 def check_codes(q_fast, s_fast, q_ref, s_ref, t_ref, bits, stochastic, seed, max_frac=1e-3,
@@ -84,3 +71,11 @@ def x_with_product_near(target, side, divisors=(3, 5, 7, 11, 13), span=512):
                     return float(x), d
             up, dn = np.nextafter(up, np.float32(np.inf)), np.nextafter(dn, np.float32(-np.inf))
     return None
+
+
+def hq_args(bits, mode, stochastic, seed) -> HQArgs:
+    return HQArgs(bits, ScaleMode(mode), stochastic, seed)
+
+
+def hla_args(rank, selection, bits, mode, stochastic, seed) -> HLAArgs:
+    return HLAArgs(rank, selection, bits, ScaleMode(mode), stochastic, seed)

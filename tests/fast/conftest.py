@@ -1,8 +1,8 @@
 """Without a GPU the fast kernels run in the Triton interpreter on CPU tensors.
 
-TRITON_INTERPRET is read when a kernel is decorated, i.e. when hot.fast.*_kernels is first
+TRITON_INTERPRET is read when a kernel is decorated, i.e. when hot.fast.kernels.* is first
 imported; hot.fast imports those lazily (at the first launch), so setting it here, before any
-test of this folder runs, is early enough.
+test of this folder runs, is early enough (tests/conftest.py sets it first anyway).
 """
 
 import os
@@ -21,13 +21,12 @@ def ext():
     caches of what the extension offers are cleared so its GEMMs see it (GPU tests only)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    from hot.common.options import override
     from hot.fast import _ext, gemm
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HOT_JIT_BUILD", "1")
+    with override(jit_build=True), pytest.MonkeyPatch.context() as mp:
         mp.setattr(_ext, "_STATE", {})  # an earlier load() may have cached None without JIT
         if _ext.load() is None:
             pytest.fail(f"hot.fast._C did not load: {_ext.why_unavailable()}")
-        gemm._ext.cache_clear()
-        gemm._ext_caps.cache_clear()
+        gemm.ext_caps.cache_clear()
         yield _ext

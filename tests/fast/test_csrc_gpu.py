@@ -122,7 +122,7 @@ def test_stream_k_on_a_vit_weight_gradient_shape(ext):
 
 def test_scales_in_place_and_copied(ext):
     # The binding reads a scale in place when its storage extends to a multiple of 256 floats
-    # and it starts 16-byte aligned (what hot.fast.quant allocates); a view one float into a
+    # and it starts 16-byte aligned (what hot.fast.passes allocates); a view one float into a
     # buffer (misaligned) or a short storage must be copied, with the same result.
     gen = torch.Generator().manual_seed(13)
     m, n, k = 40, 48, 64

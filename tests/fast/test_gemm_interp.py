@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from _fast_diff import DEVICE
+from _fast_diff import DEVICE, hla_args, hq_args
 
 from hot.common import ops
 from hot.fast import gemm
@@ -60,13 +60,14 @@ def test_ops_route_to_fast_backend():
     import hot  # noqa: F401  (registers the loader)
 
     x = torch.randn(20, 24, device=DEVICE)
-    q1, s1 = ops.hq_quantize(x, 4, "row", False, 0, "fast")
-    q2, s2 = ops.hq_quantize(x, 4, "row", False, 0, "reference")
+    q1, s1 = ops.hq_quantize(x, hq_args(4, "row", False, 0), "fast")
+    q2, s2 = ops.hq_quantize(x, hq_args(4, "row", False, 0), "reference")
     assert torch.equal(q1.cpu(), q2.cpu()) and torch.equal(s1.cpu(), s2.cpu())
-    out = ops.gy_quantize(x, 4, "tensor", False, 0, 8, "lowpass", 8, "row", False, 0, "reference")
-    a = ops.hq_quantize(x, 4, "tensor", False, 0, "reference")
-    b = ops.hla_quantize(x, 8, "lowpass", 8, "row", False, 0, "reference")
-    for u, v in zip(out, (*a, *b)):
+    hq, hla = hq_args(4, "tensor", False, 0), hla_args(8, "lowpass", 8, "row", False, 0)
+    out = ops.gy_quantize(x, hq, hla, "reference")
+    a = ops.hq_quantize(x, hq, "reference")
+    b = ops.hla_quantize(x, hla, "reference")
+    for u, v in zip((*out[0], *out[1]), (*a, *b)):
         assert torch.equal(u, v)
 
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from _fast_diff import check_codes
+from _fast_diff import check_codes, hla_args, hq_args
 
 from hot.common import quant
+from hot.common.options import Arch, override
+from hot.common.transforms import hla_transform, hq_transform
 from hot.fast import gemm
-from hot.fast import quant as fq
+from hot.fast import quantize as fq
 from hot.reference import ops as ref
 
 pytestmark = pytest.mark.gpu
@@ -28,13 +28,14 @@ def _x(r, c, dtype, seed):
 @pytest.mark.parametrize("mode", ["row", "tensor"])
 def test_fused_pass_matches_reference_on_gpu(dtype, shape, mode):
     x = _x(*shape, dtype, 1)
-    out = fq.gy_quantize(x, 4, mode, True, 5, 8, "lowpass", 8, "row", True, 6)
+    hq, hla = hq_args(4, mode, True, 5), hla_args(8, "lowpass", 8, "row", True, 6)
+    (q1, s1), (q2, s2) = fq.gy_quantize(x, hq, hla)
     with quant.hash_rng():
-        qr, sr = ref.hq_quantize(x, 4, mode, True, 5)
-        hr, shr = ref.hla_quantize(x, 8, "lowpass", 8, "row", True, 6)
-    n1 = check_codes(out[0], out[1], qr, sr, ref.hq_transform(x), 4, True, 5)
+        qr, sr = ref.hq_quantize(x, hq)
+        hr, shr = ref.hla_quantize(x, hla)
+    n1 = check_codes(q1, s1, qr, sr, hq_transform(x), 4, True, 5)
     xmax = x.float().abs().amax(0).cpu().reshape(-1, 1)
-    n2 = check_codes(out[2], out[3], hr, shr, ref.hla_transform(x, 8, "lowpass"), 8, True, 6,
+    n2 = check_codes(q2, s2, hr, shr, hla_transform(x, 8, "lowpass"), 8, True, 6,
                      tol=2.0**-23 * (64 * xmax / shr.cpu() + 2 * 127))
     print(f"flips: hq {n1}, hla {n2}")
 
@@ -71,15 +72,15 @@ def test_gemm_int32_overflow_is_split():
     assert torch.equal(y, torch.full_like(y, exact))
 
 
-def test_ampere_path_forced(monkeypatch):
+def test_ampere_path_forced():
     """HOT_FAST_ARCH=sm80 runs the Ampere kernels on Hopper (int4 tagged codes -> s4 GEMM)."""
-    monkeypatch.setenv("HOT_FAST_ARCH", "sm80")
-    x = _x(4096, 1024, torch.bfloat16, 3)
-    w = _x(512, 1024, torch.bfloat16, 4)
-    qg, sg = fq.hq_quantize(x, 4, "row", True, 1)
-    qw, sw = fq.hq_quantize(w, 4, "row", True, 2)
-    path = gemm.gemm_path(qg, qw)
-    y = gemm.int_gemm_nt(qg, qw, sg, sw, torch.bfloat16)
+    with override(fast_arch=Arch.SM80):
+        x = _x(4096, 1024, torch.bfloat16, 3)
+        w = _x(512, 1024, torch.bfloat16, 4)
+        qg, sg = fq.hq_quantize(x, hq_args(4, "row", True, 1))
+        qw, sw = fq.hq_quantize(w, hq_args(4, "row", True, 2))
+        path = gemm.gemm_path(qg, qw)
+        y = gemm.int_gemm_nt(qg, qw, sg, sw, torch.bfloat16)
     assert torch.equal(y, ref.int_gemm_nt(qg, qw, sg, sw, torch.bfloat16)), path
     print("forced sm80 path:", path)
 

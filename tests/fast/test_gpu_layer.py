@@ -21,61 +21,50 @@ import pytest
 import torch
 
 import hot
-from hot.common import quant
-from hot.nn import function as hfn
+from hot.common import ops, quant
+from hot.common.options import Tile, override
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_tile():
-    # One fixed quantizer tile: the GPU autotuner compiles all of hot.fast.quant._TILES for every
+def _one_tile_composed_operations():
+    # One fixed quantizer tile: the GPU autotuner compiles all of hot.fast.passes._TILES for every
     # kernel specialization (dtype x scale modes x HQ/HLA switches), which this file hits ~16 of;
-    # the tile changes only speed, never the codes.
-    from hot.fast import quant as fq
-
-    old, fq._FIXED = fq._FIXED, (64, 64, 4)
-    yield
-    fq._FIXED = old
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _composed_operations():
-    # These tests compare the backends operation by operation, so the fast backward must run as
-    # the composed operations: its one-call native path (hot.fast.native) bypasses them and is
-    # compared with them bit for bit in tests/fast/test_native_gpu.py.
-    from hot.fast import native
-
-    old, native.ENABLED = native.ENABLED, False
-    yield
-    native.ENABLED = old
+    # the tile changes only speed, never the codes. And no native launches: these tests compare
+    # the backends operation by operation, so the fast backward must run as the composed
+    # operations (its one-call layer_backward bypasses them and is compared with them bit for
+    # bit in tests/fast/test_native_gpu.py).
+    with override(autotune=False, tile=Tile(64, 64, 4), native=False):
+        yield
 
 
 _OPS = ("hq_quantize", "hla_quantize", "gy_quantize", "int_gemm_nt")
 
 
 class _Recorder:
-    """Wraps the operations that hot.nn.function calls and records their outputs in order."""
+    """Wraps the operations of hot.common.ops that a layer's backward calls (hot.nn.backward
+    reads them from the module at call time) and records their outputs in order."""
 
     def __init__(self):
         self.calls = []
+        self.orig = {}
 
     def __enter__(self):
-        d = hfn.op
         for name in _OPS:
-            orig = getattr(type(d), name)
+            orig = self.orig[name] = getattr(ops, name)
 
             def wrap(*a, _orig=orig, _name=name):
                 out = _orig(*a)
                 self.calls.append((_name, out, a))
                 return out
 
-            setattr(d, name, wrap)
+            setattr(ops, name, wrap)
         return self
 
     def __exit__(self, *exc):
-        for name in _OPS:
-            delattr(hfn.op, name)
+        for name, orig in self.orig.items():
+            setattr(ops, name, orig)
 
 
 def _codes_and_scales(calls):
@@ -84,9 +73,7 @@ def _codes_and_scales(calls):
     for name, res, _ in calls:
         if name == "int_gemm_nt":
             continue
-        res = list(res)
-        for i in range(0, len(res), 2):
-            out.append((res[i], res[i + 1]))
+        out.extend(res if name == "gy_quantize" else [res])
     return out
 
 

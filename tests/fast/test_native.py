@@ -14,6 +14,8 @@ import torch
 from hot.common import ops
 from hot.fast import native
 
+from _fast_diff import hla_args, hq_args
+
 
 def test_kinds_of_signature():
     sig = {"x_ptr": "*bf16", "sxr": "i32", "sxc": "constexpr", "n": "i64", "out": "*i8",
@@ -48,10 +50,13 @@ def test_off_reasons():
 
 
 def test_cpu_and_reference_never_native():
+    import hot.fast  # noqa: F401  (registers the fast implementations)
+    from hot.fast import backward
+
     gy, w, x = torch.randn(32, 16), torch.randn(16, 16), torch.randn(32, 16)
-    qx, sx = ops.direct.hla_quantize(x, 8, "lowpass", 8, "row", True, 1, "reference")
-    args = (gy, w.t(), qx, sx, (4, "row", True, 2), (8, "lowpass", 8, "row", True, 3),
-            (4, "row", True, 4), torch.float32, torch.float32)
-    assert native.fused_backward(*args) is None
-    assert ops.fused_backward("reference") is None
-    assert ops.fused_backward("fast") is native.fused_backward
+    codes = ops.hla_quantize(x, hla_args(8, "lowpass", 8, "row", True, 1), "reference")
+    args = (gy, w.t(), codes, hq_args(4, "row", True, 2), hla_args(8, "lowpass", 8, "row", True, 3),
+            hq_args(4, "row", True, 4), torch.float32, torch.float32, False)
+    assert backward.layer_backward(*args) is None  # CPU tensors
+    assert ops.layer_backward(*args, "reference") is None  # the reference has no one-call path
+    assert ops.implementation("layer_backward", "fast") is backward.layer_backward

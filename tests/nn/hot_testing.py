@@ -74,5 +74,11 @@ def saved_by_forward(model: nn.Module, x: torch.Tensor):
     return y, others, params
 
 
+def is_abc_seed(t: torch.Tensor) -> bool:
+    """The seed a layer that forms its ABC codes in backward keeps (hot.nn.autograd): one int64
+    on the CPU, 8 bytes."""
+    return t.device.type == "cpu" and t.dtype == torch.int64 and t.numel() == 1
+
+
 def nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,7 +1,7 @@
 """HOT layers inside torch.compile: no graph break, and the same training as eager mode.
 
 The compile path runs the same per-layer state machine (step counter, seeds, LQS, ABC) inside
-opaque custom ops (hot.nn.compiled), so with the same HOTConfig(seed=...) and the same batches
+opaque custom ops (hot.nn.autograd), so with the same HOTConfig(seed=...) and the same batches
 a compiled HOT model must produce bit-identical gradients to the eager HOT model: the custom ops
 run the very same reference kernels on the very same inputs, and aot_eager runs the ATen ops
 between them unchanged. Any difference in the plan (wrong step, seed, phase, LQS choice, a

@@ -59,10 +59,14 @@ def test_convert_replaces_types_and_keeps_parameter_objects():
     assert not torch.equal(model.head.weight, before)
 
 
-def test_grouped_and_depthwise_convs_warn_and_stay_standard():
-    msgs = _convert(_net())
-    assert any("'dw'" in m and "groups=8" in m for m in msgs), msgs
-    assert any("'grouped'" in m and "groups=2" in m for m in msgs), msgs
+def test_grouped_and_depthwise_convs_are_reported_once_per_kind_and_stay_standard(caplog):
+    with caplog.at_level("INFO", logger="hot"):
+        msgs = _convert(_net())
+    assert msgs == []  # expected skips are logged, not warned per layer
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("converted 1 Conv2d, 3 Linear" in m for m in lines), lines
+    assert any("groups=8" in m and "'dw'" in m for m in lines), lines
+    assert any("groups=2" in m and "'grouped'" in m for m in lines), lines
 
 
 def test_filter_receives_fqn_and_module():
@@ -80,15 +84,17 @@ def test_filter_receives_fqn_and_module():
     assert msgs == []  # convs the filter excludes are not warned about
 
 
-def test_convert_twice_is_a_no_op_and_set_config_reaches_every_layer():
+def test_convert_twice_gives_the_new_config_and_set_config_reaches_every_layer():
     model = _net()
     _convert(model)
     layers = dict(hot.hot_layers(model))
+    model(torch.randn(2, 3, 5, 5)).sum().backward()
     _convert(model, config=hot.HOTConfig.exact())
-    assert dict(hot.hot_layers(model)) == layers
-    assert all(m.hot_config == hot.HOTConfig() for m in layers.values())
-    assert hot.set_config(model, hot.HOTConfig.exact()) == 4
+    assert dict(hot.hot_layers(model)) == layers  # the same layer objects, state kept
     assert all(m.hot_config == hot.HOTConfig.exact() for m in layers.values())
+    assert all(m.hot_step_value() == 1 for m in layers.values())
+    assert hot.set_config(model, hot.HOTConfig()) == 4
+    assert all(m.hot_config == hot.HOTConfig() for m in layers.values())
 
 
 def test_unconvert_round_trip():

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 import hot
-from hot.common.backend import get_backend
+from hot.common import ops
 from hot_testing import hot_copy, wrap
 
 TOKENS, IN_F, OUT_F = 64, 24, 32
@@ -35,17 +35,17 @@ def _step(model, gy):
 @pytest.fixture
 def gy_modes(monkeypatch):
     """Records the scale mode of every HQ quantization of g_y (the W^T call has IN_F rows), at
-    the reference backend's entry point, which both the plain and the fused g_y ops reach."""
+    the reference backend's registered implementation, which both the plain and the fused g_y
+    operations reach."""
     seen = []
-    ref = get_backend("reference")
-    real = ref.hq_quantize
+    real = ops.implementation("hq_quantize", ops.DEFAULT)
 
-    def spy(x, bits, scale_mode, stochastic, seed):
+    def spy(x, a):
         if x.shape == (TOKENS, OUT_F):
-            seen.append(scale_mode)
-        return real(x, bits, scale_mode, stochastic, seed)
+            seen.append(a.scale_mode)
+        return real(x, a)
 
-    monkeypatch.setattr(ref, "hq_quantize", spy)
+    monkeypatch.setitem(ops._IMPLS["hq_quantize"], ops.DEFAULT, spy)
     return seen
 
 

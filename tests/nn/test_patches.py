@@ -1,4 +1,4 @@
-"""function.patches against F.unfold: the same rows and columns, bit for bit.
+"""hot.nn.backward.patches against F.unfold: the same rows and columns, bit for bit.
 
 HOTConv2d's ABC copy quantizes the patches row by row (blocks of 16 rows, per-column scales), so
 a different order would change the saved codes; only values copied, so equality must be exact.
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hot.nn.function import patches
+from hot.nn.backward import patches
 
 # (C, H, W, kernel, stride, padding, dilation): ViT's non-overlapping patches, ResNet-style
 # strided and padded kernels, non-square everything, a crop (H not a multiple of the stride),

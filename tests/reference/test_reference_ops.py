@@ -1,4 +1,4 @@
-"""The reference backend's three operations against the spec in hot/common/ops.py.
+"""The reference backend's operations against the spec in hot/common/ops.py.
 
 Transforms are checked against dense block-diagonal matrices built with torch.block_diag, in
 float64: both sides are sums of at most 16 products of values of order 1 with +-1/4 or
@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 import hot  # noqa: F401  (registers the ops and the reference backend)
 from hot.common import ops, quant
 from hot.common.config import VALID_RANKS
+from hot.common.ops import HLAArgs, HQArgs, ScaleMode
+from hot.common.transforms import hla_transform, hq_transform
 from hot.common.walsh import hadamard16, hla_matrix
 from hot.reference import ops as ref
 
@@ -45,7 +47,7 @@ def test_hq_transform_equals_dense_block_product(r, c, seed):
     x = _x(r, c, seed)
     xp = F.pad(x, (0, _pad16(c) - c))  # zero columns up to a multiple of 16
     want = xp @ _dense_hq(c)
-    got = ref.hq_transform(x)
+    got = hq_transform(x)
     assert got.dtype == torch.float64 and got.shape == (r, _pad16(c))
     torch.testing.assert_close(got, want, atol=TOL, rtol=0)
 
@@ -56,25 +58,25 @@ def test_hla_transform_equals_dense_block_product(length, c, rank, sel, seed):
     x = _x(length, c, seed)
     xp = F.pad(x, (0, 0, 0, _pad16(length) - length))  # zero token rows
     want = (_dense_hla(length, rank, sel) @ xp).T
-    got = ref.hla_transform(x, rank, sel)
+    got = hla_transform(x, rank, sel)
     assert got.shape == (c, _pad16(length) // 16 * rank)
     torch.testing.assert_close(got, want, atol=TOL, rtol=0)
 
 
 def test_transforms_keep_float32_for_low_precision_input():
     x = torch.randn(5, 20, dtype=torch.bfloat16)
-    assert ref.hq_transform(x).dtype == torch.float32
-    assert ref.hla_transform(x, 8, "lowpass").dtype == torch.float32
+    assert hq_transform(x).dtype == torch.float32
+    assert hla_transform(x, 8, "lowpass").dtype == torch.float32
 
 
 @pytest.mark.parametrize("scale_mode", ["row", "tensor"])
 def test_bits0_means_no_quantization(scale_mode):
     x = _x(20, 33, 0)
-    q, s = ops.hq_quantize(x, 0, scale_mode, True, 1, "reference")
-    torch.testing.assert_close(q, ref.hq_transform(x), atol=0, rtol=0)
+    q, s = ops.hq_quantize(x, HQArgs(0, ScaleMode(scale_mode), True, 1), "reference")
+    torch.testing.assert_close(q, hq_transform(x), atol=0, rtol=0)
     assert torch.equal(s, torch.ones(20 if scale_mode == "row" else 1, 1))
-    q, s = ops.hla_quantize(x, 4, "lp_l1", 0, scale_mode, True, 1, "reference")
-    torch.testing.assert_close(q, ref.hla_transform(x, 4, "lp_l1"), atol=0, rtol=0)
+    q, s = ops.hla_quantize(x, HLAArgs(4, "lp_l1", 0, ScaleMode(scale_mode), True, 1), "reference")
+    torch.testing.assert_close(q, hla_transform(x, 4, "lp_l1"), atol=0, rtol=0)
     assert torch.equal(s, torch.ones(33 if scale_mode == "row" else 1, 1))
 
 
@@ -83,24 +85,25 @@ def test_bits0_means_no_quantization(scale_mode):
 @pytest.mark.parametrize("stochastic", [True, False])
 def test_quantize_ops_are_transform_then_quantize(bits, scale_mode, stochastic):
     x = _x(19, 37, 1).float()
-    q, s = ops.hq_quantize(x, bits, scale_mode, stochastic, 7, "reference")
-    qt, st_ = quant.quantize(ref.hq_transform(x), bits, scale_mode, stochastic, 7)
+    q, s = ops.hq_quantize(x, HQArgs(bits, ScaleMode(scale_mode), stochastic, 7), "reference")
+    qt, st_ = quant.quantize(hq_transform(x), bits, scale_mode, stochastic, 7)
     assert q.dtype == torch.int8 and torch.equal(q, qt) and torch.equal(s, st_)
-    q, s = ops.hla_quantize(x, 8, "lowpass", bits, scale_mode, stochastic, 7, "reference")
-    qt, st_ = quant.quantize(ref.hla_transform(x, 8, "lowpass"), bits, scale_mode, stochastic, 7)
+    q, s = ops.hla_quantize(x, HLAArgs(8, "lowpass", bits, ScaleMode(scale_mode), stochastic, 7),
+                            "reference")
+    qt, st_ = quant.quantize(hla_transform(x, 8, "lowpass"), bits, scale_mode, stochastic, 7)
     assert torch.equal(q, qt) and torch.equal(s, st_)
     # Dequantized values are within one step of the transform (half a step for nearest).
-    t = ref.hla_transform(x, 8, "lowpass")
+    t = hla_transform(x, 8, "lowpass")
     assert ((q.float() * s - t).abs() <= s * (1.0 if stochastic else 0.5) * (1 + 1e-5)).all()
 
 
 def test_quantize_ops_use_the_hash_stream_when_asked():
     x = _x(16, 32, 2).float()
-    a, _ = ops.hq_quantize(x, 4, "row", True, 5, "reference")
+    a, _ = ops.hq_quantize(x, HQArgs(4, ScaleMode.ROW, True, 5), "reference")
     with quant.hash_rng():
-        b, s = ops.hq_quantize(x, 4, "row", True, 5, "reference")
+        b, s = ops.hq_quantize(x, HQArgs(4, ScaleMode.ROW, True, 5), "reference")
     # v = t * (1 / s), then v + u and the floor: each a separate float32 operation.
-    v = ref.hq_transform(x) * (1 / s)
+    v = hq_transform(x) * (1 / s)
     u = quant.hash_uniform(5, tuple(v.shape))
     want = torch.clamp(torch.floor(v + u), -7, 7).to(torch.int8)
     assert torch.equal(b, want)
@@ -165,18 +168,27 @@ def test_int32_chunk_is_the_overflow_bound():
 def test_int_gemm_nt_float_operands_float64():
     a, b = _x(5, 16, 3), _x(6, 16, 4)
     sa, sb = torch.ones(5, 1), torch.ones(1, 1)
-    out = ops.int_gemm_nt(a, b, sa, sb, "float64", "reference")
+    out = ops.int_gemm_nt(a, b, sa, sb, torch.float64, "reference")
     torch.testing.assert_close(out, a @ b.T, atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("bits", [0, 4])
-def test_ops_pass_opcheck(bits):
-    """The registered fake (meta) shapes agree with the reference and the ops are traceable."""
-    x = torch.randn(20, 33)
-    torch.library.opcheck(torch.ops.hot.hq_quantize.default, (x, bits, "row", True, 1, "reference"))
-    torch.library.opcheck(torch.ops.hot.hla_quantize.default,
-                          (x, 8, "lowpass", bits or 8, "tensor", True, 1, "reference"))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_declared_shapes_match_every_implementation(bits, dtype):
+    """The fake implementations (what tracing sees) give each registered implementation's output
+    shapes and dtypes, for the reference and the fast backend (interpreter on CPU)."""
+    import hot.fast  # noqa: F401  (registers its implementations)
+
+    x = torch.randn(20, 33, dtype=dtype)
+    hq = HQArgs(bits, ScaleMode.ROW, True, 1)
+    hla = HLAArgs(8, "lowpass", bits or 8, ScaleMode.TENSOR, True, 1)
+    for backend in ("reference", "fast"):
+        for got, want in ((ops.hq_quantize(x, hq, backend), ops.hq_fake(x, hq)),
+                          (ops.hla_quantize(x, hla, backend), ops.hla_fake(x, hla))):
+            for g, w in zip(got, want):
+                assert g.shape == w.shape and g.dtype == w.dtype, (backend, g.shape, w.shape)
     a = torch.randint(-7, 8, (4, 32), dtype=torch.int8)
     b = torch.randint(-7, 8, (3, 32), dtype=torch.int8)
-    torch.library.opcheck(torch.ops.hot.int_gemm_nt.default,
-                          (a, b, torch.ones(4, 1), torch.ones(1, 1), "float32", "reference"))
+    out = ops.int_gemm_nt(a, b, torch.ones(4, 1), torch.ones(1, 1), torch.float32, "reference")
+    fake = ops.int_gemm_fake(a, b, torch.float32)
+    assert out.shape == fake.shape and out.dtype == fake.dtype

@@ -1,0 +1,63 @@
+"""The two block transforms of HOT applied to a 2-D tensor, in plain PyTorch.
+
+Part of the specification (backend-independent): the reference backend quantizes their output,
+and LQS measures the transformed g_y with them on any backend.
+
+    hq_transform(x (R, C))                  = pad(x) @ (I (x) H16)        (R, C16)
+    hla_transform(x (L, C), rank, selection) = ((I (x) T_r) pad(x))^T      (C, L16 / 16 * rank)
+
+in float32 (float64 stays float64); H16 = hadamard16(), T_r = hla_matrix(rank, selection)
+(hot.common.walsh); pad = zero columns / rows up to a multiple of 16.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .config import BLOCK
+from .ops import pad_to
+from .walsh import hadamard16, hla_matrix
+
+
+@functools.lru_cache(maxsize=None)
+def _hadamard(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return hadamard16().to(device=device, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _hla(rank: int, selection: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return hla_matrix(rank, selection).to(device=device, dtype=dtype)
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def hq_transform(x: torch.Tensor) -> torch.Tensor:
+    """pad(x) @ (I (x) H16) along the last dimension of a 2-D x, in float32 (float64 stays)."""
+    dt = compute_dtype(x)
+    r, c = x.shape
+    c16 = pad_to(c)
+    xp = x.to(dt)
+    if c16 != c:
+        xp = F.pad(xp, (0, c16 - c))
+    # One 2-D GEMM over all blocks of 16. For a transposed input (W^T) the reshape copies it
+    # once; the batched product on the strided view ran one small GEMM per row on CPU.
+    return (xp.reshape(-1, BLOCK) @ _hadamard(x.device, dt)).reshape(r, c16)
+
+
+def hla_transform(x: torch.Tensor, rank: int, selection: str) -> torch.Tensor:
+    """((I (x) T_r) pad(x))^T for a 2-D x (L, C): shape (C, L16 / 16 * rank)."""
+    dt = compute_dtype(x)
+    length, c = x.shape
+    l16 = pad_to(length)
+    xp = x.to(dt)
+    if l16 != length:
+        xp = F.pad(xp, (0, 0, 0, l16 - length))
+    # T_r applied to each block of 16 rows as one broadcast batched product on the contiguous
+    # (nb, 16, C) view: no copy of the input (a transposed view made CPU bmm ~500x slower).
+    coef = torch.matmul(_hla(rank, selection, x.device, dt), xp.reshape(l16 // BLOCK, BLOCK, c))
+    return coef.permute(2, 0, 1).reshape(c, l16 // BLOCK * rank)

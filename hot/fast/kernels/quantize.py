@@ -1,0 +1,451 @@
+"""Triton kernels of the quantizer pass: HQ and HLA transforms, absmax scales, rounding.
+
+One pass over a 2-D tensor x serves hq_quantize, hla_quantize and the fused g_y pass (both from
+the same tiles). Absmax scales need a global reduction, so a pass is two launches over the same
+grid of (BLOCK_R x BLOCK_C) tiles:
+
+    stats_kernel: transform each tile and fold its absmax of each scale group into an int64
+        vector with atomic_max on (EPOCH << 32) | bit pattern of |t| (non-negative floats order
+        like their bit patterns, and a NaN's pattern 0x7FC00000 exceeds +Inf's, so NaN wins: it
+        propagates). EPOCH grows by one per pass, so a pass's first atomic_max on an entry
+        replaces whatever an earlier pass left there: the vector is a reused workspace that
+        needs no zeroing (every entry a pass reads is written by at least one of its tiles).
+        With DO_BSUM it also stores the tile's column sums of x (the bias gradient's partials).
+    quantize_kernel: transform again, scale = amax / qmax (1 where amax == 0, NaN/Inf propagate;
+        written out by the first program of each row/column), r = 1 / scale once per group,
+        v = t * r, round (hash-stream stochastic or half-even), store int8 codes.
+
+The math is hot.common.quant's; the quantize kernel must be compiled with enable_fp_fusion=False
+(hot.fast.quantize passes it): the spec rounds t * r and then v + u separately, and with fusion
+on, ptxas contracts them into one FMA, which moves a code wherever the unrounded product lies on
+the other side of a boundary (tests/common/test_quant.py builds such a case).
+
+Transforms (H16 = sylvester(16) / 4; T_r row t = sylvester(16) row n_t / 4, since walsh(16) is
+Sylvester in sequency order; n_t packed 4 bits each in the constexpr SEL):
+    HQ, stats kernel: one K = 16 tensor-core dot: the tile loaded as a (BR*BC/16, 16) operand (row
+        m = r * (BC/16) + j holds x[r, 16j : 16j+16]) times H16. bf16/fp16 inputs times the
+        +-1/4 entries are exact products summed in fp32; fp32 inputs use an fp32 ('ieee') dot.
+    HQ, quantize kernel: the tile loaded once as (BR*BC/16, 16) with vector loads, cut into 16
+        slabs (slab i = column 16j + i of every block) by tl.split, the fast Walsh-Hadamard
+        butterfly (64 adds/subs per 16 values, exact +-1 sums; the 1/4 is an exact scaling),
+        then joined back for one 16-byte code store per block. The dot and the butterfly differ
+        by float summation order only, so the stats kernel's amax may differ from the quantize
+        kernel's transform by an ulp: a code then moves only where its v lies within an ulp of
+        a rounding boundary, the same bound the reference comparison allows (tests).
+    HLA, both kernels: 16 loads of (BR/16, BC) row slabs (slab i = row 16j + i of every block),
+        the same butterfly along the token axis, then only the kept rows, joined into
+        (BR/16, BC, RANK) so a column's codes of one block leave in one vector store. The
+        butterfly's row 0 (the block sums) gives the bias partial sums.
+
+Hash stream (hot.common.quant): one lowbias32 hash per PAIR of codes (row-major indices 2m,
+2m + 1), its low 16 bits for the even code and its high 16 bits for the odd one. The butterfly
+slabs 2p and 2p + 1 hold the even and odd code of one pair, so pair p of a block takes one hash,
+and its u are joined exactly as the transformed values are. Rank 1 hashes per code.
+
+Non-finite inputs: an Inf stays inside its own block of 16 in the butterflies, as in the
+reference; the stats kernel's dot spreads it into NaN across its block row. Either way the
+scale of that row/column is non-finite and its codes are 0.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ...common.options import options
+
+# Stochastic codes on the GPU: floor(v + u) by cvt.rmi.s32.f32 (libdevice float2int_rd), which
+# floors and converts in one instruction, maps NaN to 0 and saturates, then an integer clamp:
+# the same codes as floor, float clamp, NaN select and convert, in 4 fewer instructions per code
+# (docs/kernels.md). The interpreter has no libdevice and runs the float form.
+_FLOOR_CVT = tl.constexpr(not options().interpret)
+
+
+# ---------------------------------------------------------------- random stream
+
+
+@triton.jit
+def _mix32(x):
+    # lowbias32 on uint32 (multiplication wraps mod 2^32): the same function as quant.mix32.
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    x = x ^ (x >> 16)
+    return x
+
+
+@triton.jit
+def _u_lo(w):
+    """(k + 1/2) / 2^16 for k = the low 16 bits of the uint32 hash w. Built as the float32 bit
+    pattern of 1 + k 2^-16 + 2^-17 (k in mantissa bits 22..7, bit 6 the half) minus 1.0, which
+    is exact (17 significant bits), instead of an int-to-float conversion (quarter rate on
+    NVIDIA GPUs)."""
+    b = ((w << 7) & 0x7FFF80) | 0x3F800040
+    return b.to(tl.float32, bitcast=True) - 1.0
+
+
+@triton.jit
+def _u_hi(w):
+    """(k + 1/2) / 2^16 for k = the high 16 bits of w (as _u_lo)."""
+    b = ((w >> 9) & 0x7FFF80) | 0x3F800040
+    return b.to(tl.float32, bitcast=True) - 1.0
+
+
+@triton.jit
+def _u_at(idx, key):
+    """u of the code at row-major index ``idx`` (>= 0): the half (idx & 1) of
+    mix32(((idx >> 1) mod 2^32) ^ key). One hash per code, for codes whose partner is not at hand."""
+    w = _mix32((idx >> 1).to(tl.uint32) ^ key)
+    odd = (idx & 1) == 1
+    return tl.where(odd, _u_hi(w), _u_lo(w))
+
+
+@triton.jit
+def _u_pairs_last(pair0, key, N: tl.constexpr):
+    """u of N codes at consecutive indices (N even), one hash per pair, as an N-tuple: ``pair0``
+    holds (index of the first code) >> 1 as uint32, the first index even."""
+    us = ()
+    for p in tl.static_range(N // 2):
+        w = _mix32((pair0 + p) ^ key)
+        us = us + (_u_lo(w), _u_hi(w))
+    return us
+
+
+# ---------------------------------------------------------------- scales and rounding
+
+
+@triton.jit
+def _recip(s):
+    """r = 1 / s correctly rounded, 0 where that overflows to +Inf (s < 2^-128), as
+    quant.reciprocal; r of an Inf scale is 0 and of a NaN scale NaN (codes 0 either way)."""
+    r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+    return tl.where(r > 3.4028234663852886e38, 0.0, r)
+
+
+@triton.jit
+def _round(v, u, QMAX: tl.constexpr, STOCH: tl.constexpr):
+    """clamp(floor(v + u), +-QMAX) (v + u one float32 addition) with u from the hash stream, or
+    clamp(round_half_even(v)) (u unused); NaN -> 0 (the scale carries the NaN), exactly as
+    quant.round_to_levels."""
+    if STOCH and _FLOOR_CVT:
+        qi = libdevice.float2int_rd(v + u)
+        lim = tl.full((1,), QMAX, tl.float32).to(tl.int32)
+        qi = tl.minimum(tl.maximum(qi, -lim), lim)
+    else:
+        if STOCH:
+            q = tl.floor(v + u)
+        else:
+            f = tl.floor(v)
+            d = v - f  # exact for |v| < 2^23; the codes are far smaller
+            odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
+            q = tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
+        ok = q == q
+        q = tl.minimum(tl.maximum(q, -QMAX), QMAX)
+        qi = tl.where(ok, q, 0.0)
+    return qi.to(tl.int8)
+
+
+@triton.jit
+def _abs_bits(t):
+    # |t| as its int32 bit pattern: clearing the sign bit also turns -NaN into a positive NaN.
+    return t.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _tagged(a, epoch):
+    # (epoch << 32) | a for the epoch-tagged atomic max; a >= 0 (int32 bit pattern of |t|).
+    return (epoch.to(tl.int64) << 32) | a.to(tl.int64)
+
+
+@triton.jit
+def _scale(amax_tagged, QMAX: tl.constexpr):
+    a = (amax_tagged & 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    return tl.where(a == 0.0, 1.0, tl.math.div_rn(a, tl.full(a.shape, QMAX, tl.float32)))
+
+
+@triton.jit
+def _group_recip(amax_ptr, s_ptr, idx, mask, pid_r, pid_c, PER_GROUP: tl.constexpr,
+                 ALONG_ROWS: tl.constexpr, QMAX: tl.constexpr):
+    """1 / scale of the tile's scale groups (_recip of _scale of the tagged absmax), writing the
+    scales out once: per group (groups ``idx`` along the tile's rows if ALONG_ROWS, else its
+    columns) by the tiles of the first tile column (resp. row), per tensor (a scalar) by tile
+    (0, 0)."""
+    if PER_GROUP:
+        s = _scale(tl.load(amax_ptr + idx, mask=mask, other=0), QMAX)
+        if ALONG_ROWS:
+            writes = pid_c == 0
+        else:
+            writes = pid_r == 0
+        if writes:
+            tl.store(s_ptr + idx, s, mask=mask)
+    else:
+        s = _scale(tl.load(amax_ptr), QMAX)
+        if (pid_r == 0) & (pid_c == 0):
+            tl.store(s_ptr, s)
+    return _recip(s)
+
+
+@triton.jit
+def _idx(v, IDX64: tl.constexpr):
+    # Offsets in int64 only where a tensor can pass 2^31 elements: int32 index math is cheaper.
+    # One return statement: triton rejects differently typed returns even under a constexpr if.
+    if IDX64:
+        v = v.to(tl.int64)
+    return v
+
+
+# ---------------------------------------------------------------- transforms
+
+
+@triton.jit
+def _fwht16(xs):
+    """Natural-order (Sylvester) 16-point Walsh-Hadamard transform of a 16-tuple of same-shape
+    float32 tensors, unscaled: y_k = sum_i (-1)^popcount(i & k) x_i (4 stages of 16 adds/subs,
+    all elementwise: no data moves between threads)."""
+    for st in tl.static_range(4):
+        ys = ()
+        for i in tl.static_range(16):
+            if (i >> st) & 1 == 0:
+                ys = ys + (xs[i] + xs[i + (1 << st)],)
+            else:
+                ys = ys + (xs[i - (1 << st)] - xs[i],)
+        xs = ys
+    return xs
+
+
+@triton.jit
+def _join_last(ts, N: tl.constexpr):
+    """(ts[0], ..., ts[N-1]) -> one tensor with a new last axis: out[..., n] = ts[n], N a power
+    of two. Each tl.join adds one register-local axis; joining the top index bit first leaves
+    bit 0 last, so the axes (..., 2, ..., 2) read back as n in row-major order."""
+    for lv in tl.static_range(4):
+        if (N >> (lv + 1)) >= 1:
+            nx = ()
+            for i in tl.static_range(N >> (lv + 1)):
+                nx = nx + (tl.join(ts[i], ts[i + (N >> (lv + 1))]),)
+            ts = nx
+    return ts[0]
+
+
+@triton.jit
+def _split16(x, P: tl.constexpr):
+    """x (P, 16) -> 16-tuple of (P,) slabs, slab i = x[:, i]: four halvings of the last axis by
+    tl.split (even / odd positions), so slab order is natural after each level's evens + odds."""
+    ts = (x,)
+    for lv in tl.static_range(4):
+        ev = ()
+        od = ()
+        for s in tl.static_range(1 << lv):
+            if lv == 3:
+                a, b = tl.split(ts[s])
+            else:
+                a, b = tl.split(tl.reshape(ts[s], (P, 8 >> lv, 2)))
+            ev = ev + (a,)
+            od = od + (b,)
+        ts = ev + od
+    return ts
+
+
+@triton.jit
+def _load_blocks(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R: tl.constexpr,
+                 BLOCK_C: tl.constexpr, IDX64: tl.constexpr, EVEN: tl.constexpr):
+    """The tile as (BLOCK_R * BLOCK_C / 16, 16): row m = r * (BLOCK_C/16) + j holds the 16
+    columns of block j of tile row r (zero past R / C; EVEN: the tile lies inside x, unmasked)."""
+    NB: tl.constexpr = BLOCK_C // 16
+    P: tl.constexpr = BLOCK_R * NB
+    m = tl.arange(0, P)
+    i16 = tl.arange(0, 16)
+    r = pid_r * BLOCK_R + m // NB
+    c = pid_c * BLOCK_C + (m % NB)[:, None] * 16 + i16[None, :]
+    ptr = x_ptr + _idx(r[:, None], IDX64) * sxr + _idx(c, IDX64) * sxc
+    if EVEN:
+        xp = tl.load(ptr)
+    else:
+        xp = tl.load(ptr, mask=(r[:, None] < R) & (c < C), other=0.0)
+    return xp
+
+
+@triton.jit
+def _hq_t_dot(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, BLOCK_R: tl.constexpr,
+              BLOCK_C: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
+              IDX64: tl.constexpr, EVEN: tl.constexpr):
+    """t (BLOCK_R, BLOCK_C) float32 = the tile times blockdiag(H16) by one K = 16 dot."""
+    xp = _load_blocks(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, IDX64, EVEN)
+    i16 = tl.arange(0, 16)
+    h = tl.load(h_ptr + i16[:, None] * 16 + i16[None, :])
+    t = tl.dot(xp.to(DOT_DTYPE), h.to(DOT_DTYPE), input_precision=PREC, out_dtype=tl.float32)
+    return tl.reshape(t, (BLOCK_R, BLOCK_C))
+
+
+@triton.jit
+def _hq_t_bfly(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R: tl.constexpr,
+               BLOCK_C: tl.constexpr, IDX64: tl.constexpr, EVEN: tl.constexpr):
+    """t (BLOCK_R, BLOCK_C) float32 = the tile times blockdiag(H16) by the butterfly."""
+    P: tl.constexpr = BLOCK_R * (BLOCK_C // 16)
+    xp = _load_blocks(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, IDX64, EVEN)
+    ys = _fwht16(_split16(xp.to(tl.float32), P))
+    return tl.reshape(_join_last(ys, 16), (BLOCK_R, BLOCK_C)) * 0.25
+
+
+@triton.jit
+def _hq_u(pid_r, pid_c, C16, key, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+          IDX64: tl.constexpr):
+    """u (BLOCK_R, BLOCK_C) of the HQ codes of the tile (code (row, col) at row * C16 + col),
+    joined as _hq_t_bfly joins t: block (r, j) of the (P,) slabs starts at code r * C16 + 16 j,
+    and slabs 2p, 2p + 1 are one pair. Called after v is formed, so the u are not held in
+    registers through the transform."""
+    NB: tl.constexpr = BLOCK_C // 16
+    P: tl.constexpr = BLOCK_R * NB
+    m = tl.arange(0, P)
+    r = pid_r * BLOCK_R + m // NB
+    c0 = pid_c * BLOCK_C + (m % NB) * 16
+    pair0 = ((_idx(r, IDX64) * C16 + c0) >> 1).to(tl.uint32)
+    return tl.reshape(_join_last(_u_pairs_last(pair0, key, 16), 16), (BLOCK_R, BLOCK_C))
+
+
+@triton.jit
+def _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL: tl.constexpr, RANK: tl.constexpr,
+           BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, IDX64: tl.constexpr,
+           EVEN: tl.constexpr):
+    """(z, d): z (BLOCK_R/16, BLOCK_C, RANK) float32, z[j, c, t] = sum_i T_r[t, i] x[16 j + i, c]
+    over the tile's local blocks j (zero rows past R, zero columns past C); d (BLOCK_R/16,
+    BLOCK_C) the unscaled Sylvester row 0, d[j, c] = sum_i x[16 j + i, c] (block sums)."""
+    NJ: tl.constexpr = BLOCK_R // 16
+    jr = pid_r * BLOCK_R + 16 * tl.arange(0, NJ)  # first row of each block
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    base = x_ptr + _idx(jr[:, None], IDX64) * sxr + _idx(cols[None, :], IDX64) * sxc
+    cm = cols[None, :] < C
+    xs = ()
+    for i in tl.static_range(16):
+        if EVEN:
+            xi = tl.load(base + i * sxr)
+        else:
+            xi = tl.load(base + i * sxr, mask=(jr[:, None] + i < R) & cm, other=0.0)
+        xs = xs + (xi.to(tl.float32),)
+    ys = _fwht16(xs)
+    zs = ()
+    for t in tl.static_range(RANK):
+        zs = zs + (ys[(SEL >> (4 * t)) & 15] * 0.25,)
+    return tl.reshape(_join_last(zs, RANK), (NJ, BLOCK_C, RANK)), ys[0]
+
+
+@triton.jit
+def _hla_u(cols, jb, LR, key, NJ: tl.constexpr, BLOCK_C: tl.constexpr, RANK: tl.constexpr,
+           IDX64: tl.constexpr):
+    """u (NJ, BLOCK_C, RANK) of the HLA codes at c * LR + jb * RANK + t, joined like _hla_z's
+    z: for RANK >= 2 the slabs t = 2p, 2p + 1 are one pair (LR and jb * RANK are even), one hash
+    each; for RANK 1 one hash per code."""
+    if RANK >= 2:
+        pair0 = ((_idx(cols[None, :], IDX64) * LR + (jb * RANK)[:, None]) >> 1).to(tl.uint32)
+        u = tl.reshape(_join_last(_u_pairs_last(pair0, key, RANK), RANK), (NJ, BLOCK_C, RANK))
+    else:
+        u = tl.reshape(_u_at(_idx(cols[None, :], IDX64) * LR + jb[:, None], key), (NJ, BLOCK_C, 1))
+    return u
+
+
+# ---------------------------------------------------------------- the two kernels
+
+
+@triton.jit(do_not_specialize=["epoch"])
+def stats_kernel(
+    x_ptr, sxr, sxc, R, C, h_ptr, hq_amax_ptr, hla_amax_ptr, epoch, bsum_ptr,
+    RANK: tl.constexpr, SEL: tl.constexpr,
+    DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
+    DO_BSUM: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
+    EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """The epoch-tagged atomic max of |t| per scale group (module docstring). DO_BSUM (with
+    DO_HLA): also the tile's column sums of x in float32, bsum[c, pid_r] (one store per column,
+    no atomics, so the sum over pid_r that follows is deterministic), column-major so that sum
+    is an inner-axis reduction."""
+    tl.static_assert((not DO_BSUM) or DO_HLA)
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    if DO_HQ:
+        # Padding columns (C <= col < C16) count as zeros; blocks past C16 change no max.
+        t = _hq_t_dot(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, BLOCK_R, BLOCK_C, DOT_DTYPE,
+                      PREC, IDX64, EVEN)
+        rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        a = tl.max(_abs_bits(t), axis=1)
+        if HQ_ROW:
+            tl.atomic_max(hq_amax_ptr + rows, _tagged(a, epoch), mask=rows < R, sem="relaxed")
+        else:
+            tl.atomic_max(hq_amax_ptr, _tagged(tl.max(a, axis=0), epoch), sem="relaxed")
+    if DO_HLA:
+        cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        z, d = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64,
+                      EVEN)
+        a = tl.max(tl.max(_abs_bits(z), axis=2), axis=0)
+        if DO_BSUM:
+            tl.store(bsum_ptr + _idx(cols, IDX64) * tl.num_programs(0) + pid_r,
+                     tl.sum(d, axis=0), mask=cols < C)
+        if HLA_ROW:
+            tl.atomic_max(hla_amax_ptr + cols, _tagged(a, epoch), mask=cols < C, sem="relaxed")
+        else:
+            tl.atomic_max(hla_amax_ptr, _tagged(tl.max(a, axis=0), epoch), sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["hq_key", "hla_key"])
+def quantize_kernel(
+    x_ptr, sxr, sxc, R, C, hq_amax_ptr, hla_amax_ptr,
+    hq_q_ptr, hq_s_ptr, C16, hq_key,
+    hla_q_ptr, hla_s_ptr, LR, NBLK, hla_key,
+    RANK: tl.constexpr, SEL: tl.constexpr,
+    DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
+    HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,
+    IDX64: tl.constexpr, EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Codes and scales of one tile: scale = amax / qmax (1 where amax == 0), v = t * (1 /
+    scale), codes by _round with u of the code's row-major index in q. Compile with
+    enable_fp_fusion=False."""
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    if DO_HQ:
+        t = _hq_t_bfly(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, IDX64, EVEN)
+        rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        rmask = rows < R
+        r = _group_recip(hq_amax_ptr, hq_s_ptr, rows, rmask, pid_r, pid_c, HQ_ROW, True, HQ_QMAX)
+        if HQ_ROW:
+            v = t * r[:, None]
+        else:
+            v = t * r
+        if HQ_STOCH:
+            u = _hq_u(pid_r, pid_c, C16, hq_key.to(tl.uint32, bitcast=True), BLOCK_R, BLOCK_C,
+                      IDX64)
+        else:
+            u = v  # unused by nearest rounding
+        off = _idx(rows[:, None], IDX64) * C16 + cols[None, :]
+        q = _round(v, u, HQ_QMAX, HQ_STOCH)
+        if EVEN:
+            tl.store(hq_q_ptr + off, q)
+        else:
+            tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
+    if DO_HLA:
+        cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        cmask = cols < C
+        r = _group_recip(hla_amax_ptr, hla_s_ptr, cols, cmask, pid_r, pid_c, HLA_ROW, False,
+                         HLA_QMAX)
+        # Code (block jb, coefficient t) of column c sits at c * LR + jb * RANK + t.
+        z, _ = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64,
+                      EVEN)
+        if HLA_ROW:
+            v = z * r[None, :, None]
+        else:
+            v = z * r
+        jb = pid_r * (BLOCK_R // 16) + tl.arange(0, BLOCK_R // 16)
+        tt = tl.arange(0, RANK)
+        off = (_idx(cols[None, :, None], IDX64) * LR + (jb * RANK)[:, None, None]
+               + tt[None, None, :])
+        if HLA_STOCH:
+            u = _hla_u(cols, jb, LR, hla_key.to(tl.uint32, bitcast=True), BLOCK_R // 16,
+                       BLOCK_C, RANK, IDX64)
+        else:
+            u = v
+        q = _round(v, u, HLA_QMAX, HLA_STOCH)
+        if EVEN:
+            tl.store(hla_q_ptr + off, q)
+        else:
+            tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & cmask[None, :, None])

@@ -1,0 +1,284 @@
+"""Quantizer pass plans: what a pass of hot.fast.kernels.quantize over one tensor needs beyond the
+data and the seeds, shared by the Python launch (hot.fast.quantize) and the C++ launch
+(hot.fast.native).
+
+A plan is cached per (shape, strides, dtype, device, HQ part, HLA part, bias sums): sizes, the
+compiled-kernel launchers, the grid and the constexpr switches. ``pass_args`` adds the per-call
+arguments (outputs, the absmax workspace's epoch, the seed keys) as named tuples whose field
+order is the kernels' parameter order.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
+
+import torch
+
+from ..common import quant
+from ..common.config import BLOCK
+from ..common.ops import HLAArgs, HQArgs, ScaleMode, pad_to
+from ..common.options import on_change, options
+from ..common.walsh import hadamard16, hla_rows, sequency, sylvester
+from .launch import Direct, Meta
+
+# Scale outputs are allocated in multiples of this many floats: csrc/binding.cpp's kScalePad.
+SCALE_PAD = 256
+
+# Tiles the GPU autotuner tries (rows, cols, warps).
+_TILES = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (32, 128, 4), (64, 256, 8))
+
+
+class StatsArgs(NamedTuple):
+    """Runtime parameters of stats_kernel, in its signature's order."""
+
+    x: torch.Tensor
+    sxr: int
+    sxc: int
+    R: int
+    C: int
+    h: torch.Tensor
+    hq_amax: torch.Tensor
+    hla_amax: torch.Tensor
+    epoch: int
+    bsum: torch.Tensor
+
+
+class QuantizeArgs(NamedTuple):
+    """Runtime parameters of quantize_kernel, in its signature's order."""
+
+    x: torch.Tensor
+    sxr: int
+    sxc: int
+    R: int
+    C: int
+    hq_amax: torch.Tensor
+    hla_amax: torch.Tensor
+    hq_q: torch.Tensor
+    hq_s: torch.Tensor
+    C16: int
+    hq_key: int
+    hla_q: torch.Tensor
+    hla_s: torch.Tensor
+    LR: int
+    NBLK: int
+    hla_key: int
+
+
+class PassOutputs(NamedTuple):
+    """What a pass writes: codes and scales of each part asked for (None otherwise) and, for a
+    bias-sum plan, the (C, row tiles) float32 partial column sums."""
+
+    hq_q: Optional[torch.Tensor]
+    hq_s: Optional[torch.Tensor]
+    hla_q: Optional[torch.Tensor]
+    hla_s: Optional[torch.Tensor]
+    bsum: Optional[torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class PassPlan:
+    c16: int
+    l16: int
+    lr: int
+    nh: int  # HQ scales (rows, 1 per tensor, 0 when HQ is off)
+    nl: int  # HLA scales (columns, 1 per tensor, 0 when HLA is off)
+    h16: torch.Tensor
+    stats: Callable
+    quantize: Callable
+    uid: int  # the launch cache key of this plan's kernels
+    bsum: bool
+    do_hq: bool
+    do_hla: bool
+    hq_spad: int
+    hla_spad: int
+    grid: object  # (rows of tiles, columns of tiles, 1), or a function of the tile (autotune)
+    stats_meta: Meta
+    quantize_meta: Meta
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def seed_key(seed: int) -> int:
+    """quant.seed_key as a signed 32-bit pattern (Triton int arguments are int32)."""
+    k = quant.seed_key(seed)
+    return k - (1 << 32) if k >= (1 << 31) else k
+
+
+def sel_code(rank: int, selection: str) -> int:
+    """The kept Walsh rows as Sylvester row numbers, 4 bits each (the kernels' SEL): walsh(16)
+    row k is sylvester(16) row order[k] / 4 (the rows sorted by sequency)."""
+    order = torch.argsort(sequency(sylvester(BLOCK)), stable=True).tolist()
+    return sum(order[k] << (4 * t) for t, k in enumerate(hla_rows(rank, selection)))
+
+
+@functools.lru_cache(maxsize=None)
+def _h16(device: torch.device) -> torch.Tensor:
+    return hadamard16().to(torch.float32).contiguous().to(device)
+
+
+def fixed_tile() -> bool:
+    """Whether passes run on the one tile of options().tile (else Triton autotunes tiles)."""
+    o = options()
+    return o.interpret or not o.autotune
+
+
+@functools.lru_cache(maxsize=None)
+def _launchers():
+    """(stats, quantize): launchers called as launcher(grid, args, meta, key) (launch.Direct), or
+    on autotuned kernels when tiles are autotuned (then ``key`` is ignored)."""
+    import triton
+
+    from .kernels.quantize import quantize_kernel, stats_kernel
+
+    if fixed_tile():
+        return Direct(stats_kernel), Direct(quantize_kernel)
+    cfgs = [triton.Config({"BLOCK_R": br, "BLOCK_C": bc}, num_warps=w) for br, bc, w in _TILES]
+    key = ["R", "C", "DO_HQ", "DO_HLA", "HQ_ROW", "HLA_ROW", "DOT_DTYPE"]
+    # Short timing runs: the tile choice is coarse, and every new shape pays this once.
+    st = triton.autotune(cfgs, key=key, warmup=5, rep=20)(stats_kernel)
+    qu = triton.autotune(cfgs, key=key, warmup=5, rep=20)(quantize_kernel)
+    return (lambda g, a, m, k=None: st[g](*a, **m.kw), lambda g, a, m, k=None: qu[g](*a, **m.kw))
+
+
+def _dot_types(dtype: torch.dtype, dev: torch.device):
+    """(Triton dtype, input_precision) of the stats kernel's HQ dot: bf16/fp16 inputs times the
+    +-1/4 entries are exact products, summed in fp32; fp32 inputs need a full-precision fp32
+    dot. The interpreter's bf16 dot is not exact, so it always uses fp32."""
+    import triton.language as tl
+
+    if dtype == torch.float32 or options().interpret or dev.type != "cuda":
+        return tl.float32, "ieee"
+    return (tl.bfloat16 if dtype == torch.bfloat16 else tl.float16), "ieee"
+
+
+class _Workspace:
+    """The epoch-tagged absmax vector of the stats kernel, reused across calls (no memset).
+
+    One per (device, stream): calls on one stream run in order, so a call's stats kernel never
+    overlaps the previous call's quantize kernel. Each call takes the next epoch; an entry tagged
+    with an older epoch loses to the first atomic_max of the new call (kernels.quantize)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.buf: dict = {}  # (device, stream) -> [int64 tensor, last epoch]
+
+    def take(self, dev: torch.device, n: int) -> tuple[torch.Tensor, int]:
+        stream = torch._C._cuda_getCurrentRawStream(dev.index) if dev.type == "cuda" else 0
+        with self.lock:
+            e = self.buf.get((dev, stream))
+            if e is None or e[0].numel() < n or e[1] >= (1 << 31) - 2:
+                # Zeros: epoch 0 is never used, so fresh entries lose to the first call's values.
+                e = self.buf[(dev, stream)] = [
+                    torch.zeros(max(n, 1 << 14), dtype=torch.int64, device=dev), 0]
+            e[1] += 1
+            return e[0], e[1]
+
+
+WORKSPACE = _Workspace()
+_PLAN_IDS = itertools.count()
+
+
+def bsum_capable() -> bool:
+    """Whether passes can form the bias partial sums (gy_pass bsum=True): the sums are per row
+    of tiles, so the tile must be fixed."""
+    return fixed_tile()
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
+          hq: Optional[tuple], hla: Optional[tuple], bsum: bool) -> PassPlan:
+    c16, l16 = pad_to(c), pad_to(r)
+    rank, selection = (hla[0], hla[1]) if hla else (BLOCK, "lowpass")
+    stats, quantize = _launchers()
+    tile = options().tile
+    fixed = fixed_tile()
+    dot_dtype, prec = _dot_types(dtype, dev)
+    hq_row = bool(hq and hq[1] == ScaleMode.ROW)
+    hla_row = bool(hla and hla[3] == ScaleMode.ROW)
+    nh = (r if hq_row else 1) if hq else 0
+    nl = (c if hla_row else 1) if hla else 0
+    lr = l16 // BLOCK * rank
+    # Every offset a kernel forms (x with its strides, the HQ and HLA codes) below 2^31?
+    reach = max(r * c16, c * lr, (r - 1) * abs(strides[0]) + (c - 1) * abs(strides[1]) + 1)
+    if bsum and not (hla is not None and bsum_capable()):
+        raise ValueError("gy_pass(bsum=True) needs the HLA part and a fixed tile "
+                         "(HOT_FAST_AUTOTUNE unset)")
+    if rank != _pow2(rank):
+        raise ValueError(f"HLA rank {rank} is not a power of two")
+    # EVEN: every tile lies inside x (a fixed tile dividing both sides), so the kernels load
+    # and store unmasked (ViT-B and Llama shapes).
+    even = fixed and r % tile.rows == 0 and c % tile.cols == 0
+    sw = dict(RANK=rank, SEL=sel_code(rank, selection), DO_HQ=hq is not None,
+              DO_HLA=hla is not None, HQ_ROW=hq_row, HLA_ROW=hla_row,
+              IDX64=reach + max(c16, l16) >= 1 << 31, EVEN=even)
+    tile_kw = dict(BLOCK_R=tile.rows, BLOCK_C=tile.cols, num_warps=tile.warps) if fixed else {}
+    stats_meta = Meta(**sw, DO_BSUM=bsum, DOT_DTYPE=dot_dtype, PREC=prec, **tile_kw)
+    quantize_meta = Meta(
+        **sw, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0, HQ_STOCH=bool(hq and hq[2]),
+        HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0, HLA_STOCH=bool(hla and hla[4]),
+        # The spec rounds t * r and v + u separately: no FMA contraction (kernels.quantize).
+        enable_fp_fusion=False, **tile_kw)
+
+    def grid_of(m):
+        return ((l16 + m["BLOCK_R"] - 1) // m["BLOCK_R"], (c16 + m["BLOCK_C"] - 1) // m["BLOCK_C"],
+                1)
+
+    grid = grid_of(tile_kw) if fixed else grid_of
+    return PassPlan(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, h16=_h16(dev), stats=stats,
+                    quantize=quantize, uid=next(_PLAN_IDS), bsum=bsum, do_hq=hq is not None,
+                    do_hla=hla is not None, hq_spad=pad_to(nh, SCALE_PAD),
+                    hla_spad=pad_to(nl, SCALE_PAD), grid=grid, stats_meta=stats_meta,
+                    quantize_meta=quantize_meta)
+
+
+@on_change
+def clear_plans() -> None:
+    """Forget cached plans and launchers (their tile and switches come from the options)."""
+    _plan.cache_clear()
+    _launchers.cache_clear()
+
+
+def plan_for(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
+             bsum: bool = False) -> PassPlan:
+    """The cached pass plan of x's shape, strides, dtype and device (hq / hla as in gy_pass)."""
+    r, c = x.shape
+    return _plan(r, c, x.stride(), x.dtype, x.device,
+                 (hq.bits, hq.scale_mode, hq.stochastic) if hq else None,
+                 (hla.rank, hla.selection, hla.bits, hla.scale_mode, hla.stochastic)
+                 if hla else None, bsum)
+
+
+def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
+              hla: Optional[HLAArgs]) -> tuple[StatsArgs, QuantizeArgs, PassOutputs]:
+    """The runtime arguments of one pass over x with plan p, and the outputs they fill. Takes the
+    next epoch of the absmax workspace."""
+    r, c = x.shape
+    dev = x.device
+    amax, epoch = WORKSPACE.take(dev, p.nh + p.nl + 1)
+    hla_amax = amax[p.nh:] if p.nh else amax
+    hq_q = hq_s = hla_q = hla_s = None
+    # Scales in allocations padded to SCALE_PAD floats: the CUTLASS GEMMs then read them in place
+    # (csrc/binding.cpp, scale_vector) instead of copying them into padded vectors. One storage
+    # each: outputs of a torch.library op must not alias one another.
+    if hq:
+        hq_q = torch.empty((r, p.c16), dtype=torch.int8, device=dev)
+        hq_s = torch.empty(p.hq_spad, dtype=torch.float32, device=dev).as_strided((p.nh, 1), (1, 1))
+    if hla:
+        hla_q = torch.empty((c, p.lr), dtype=torch.int8, device=dev)
+        hla_s = torch.empty(p.hla_spad, dtype=torch.float32, device=dev).as_strided((p.nl, 1),
+                                                                                    (1, 1))
+    bsum = torch.empty((c, p.grid[0]), dtype=torch.float32, device=dev) if p.bsum else None
+    stats = StatsArgs(x, x.stride(0), x.stride(1), r, c, p.h16, amax, hla_amax, epoch,
+                      bsum if bsum is not None else amax)
+    quantize = QuantizeArgs(
+        x, x.stride(0), x.stride(1), r, c, amax, hla_amax,
+        hq_q if hq else amax, hq_s if hq else amax, p.c16, seed_key(hq.seed) if hq else 0,
+        hla_q if hla else amax, hla_s if hla else amax, p.lr, p.l16 // BLOCK,
+        seed_key(hla.seed) if hla else 0)
+    return stats, quantize, PassOutputs(hq_q, hq_s, hla_q, hla_s, bsum)

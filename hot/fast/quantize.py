@@ -1,0 +1,86 @@
+"""The fast quantizers: hq_quantize, hla_quantize and the fused g_y pass on the GPU (or the
+Triton interpreter).
+
+Same function as hot.reference (hot.common.ops states it); the stochastic rounding consumes the
+hash stream of hot.common.quant, so inside ``quant.hash_rng()`` the reference reproduces the
+codes (up to the ~1-ulp transform differences documented in the tests). The op layer hands
+bits = 0, float64 and empty inputs to the reference before they get here.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..common.ops import HLAArgs, HQArgs, Quantized
+from . import native
+from .gemm import tag_small_codes
+from .launch import spec
+from .passes import PassOutputs, PassPlan, pass_args, plan_for
+
+
+def _check(x: torch.Tensor, what: str) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"fast {what}: expected a 2-D tensor, got shape {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"fast {what}: dtype {x.dtype} is not supported "
+                        f"(float32, bfloat16, float16)")
+
+
+def gy_pass(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
+            bsum: bool = False) -> PassOutputs:
+    """One pass over x (stats, then quantize) for HQ and/or HLA; no memset, no host sync.
+
+    Returns the codes and scales of each part asked for (None for the others; both parts need
+    bits > 0) and, with bsum=True (HLA asked for, passes.bsum_capable()), x's column sums in
+    float32 (C,) in place of the partials: summed by the stats kernel per row of tiles and then
+    over those rows, the bias gradient without another read of x.
+    """
+    p = plan_for(x, hq, hla, bsum)
+    out = native.quant_pass(x, p, hq, hla)  # one C++ call once the plan's kernels are registered
+    if out is not None:
+        return out
+    out = launch_pass(x, p, hq, hla)
+    return out._replace(bsum=out.bsum.sum(1)) if bsum else out
+
+
+def launch_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
+                hla: Optional[HLAArgs]) -> PassOutputs:
+    """The pass of plan p over x launched from Python (bias sums left as per-tile partials);
+    registers the plan's kernels for native launches."""
+    stats_args, quantize_args, out = pass_args(x, p, hq, hla)
+    # Launch keys: the plan fixes every shape argument, the matrices and the alignment of the
+    # workspace view and of the fresh outputs. What varies is x's alignment, the epoch and the
+    # seed keys (Triton specializes ints on == 1 and divisibility by 16).
+    xa = x.data_ptr() % 16 == 0
+    ks = p.stats(p.grid, stats_args, p.stats_meta, (p.uid, xa, spec(stats_args.epoch)))
+    kq = p.quantize(p.grid, quantize_args, p.quantize_meta,
+                    (p.uid, xa, spec(quantize_args.hq_key), spec(quantize_args.hla_key)))
+    native.register(p, x, ks, kq, (len(stats_args), len(quantize_args)))
+    return out
+
+
+def _codes(q: torch.Tensor, bits: int) -> torch.Tensor:
+    # Codes within [-7, 7] may use the packed int4 GEMM on Ampere (hot.fast.gemm).
+    return tag_small_codes(q) if bits <= 4 else q
+
+
+def hq_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
+    _check(x, "hq_quantize")
+    o = gy_pass(x, a, None)
+    return Quantized(_codes(o.hq_q, a.bits), o.hq_s)
+
+
+def hla_quantize(x: torch.Tensor, a: HLAArgs) -> Quantized:
+    _check(x, "hla_quantize")
+    o = gy_pass(x, None, a)
+    return Quantized(_codes(o.hla_q, a.bits), o.hla_s)
+
+
+def gy_quantize(x: torch.Tensor, hq: HQArgs, hla: HLAArgs) -> tuple[Quantized, Quantized]:
+    """(hq_quantize(x, hq), hla_quantize(x, hla)) from one read of each tile."""
+    _check(x, "gy_quantize")
+    o = gy_pass(x, hq, hla)
+    return Quantized(_codes(o.hq_q, hq.bits), o.hq_s), Quantized(_codes(o.hla_q, hla.bits),
+                                                                  o.hla_s)

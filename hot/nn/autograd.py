@@ -1,0 +1,394 @@
+"""The autograd Functions of HOT layers, one per layer type, used eagerly and under torch.compile.
+
+A HOT layer's backward reads and advances per-layer state on every call (step counter, seeds,
+LQS), which a traced graph would freeze into constants. So the HOT work sits inside three
+operators declared with torch.library, opaque to the compiler, whose Python bodies read that
+state at run time:
+
+    hot::linear_fwd(x2d, W, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute)
+        -> (y2d = x2d W^T + b, q_x, s_x)     q_x, s_x = the ABC codes (empty when not kept);
+                                             with recompute: (y2d, empty, the ABC seed as a
+                                             CPU int64), and x2d is kept instead
+    hot::conv_fwd(x, W, b, key, stride, padding, dilation, <same flags>)
+        -> (y = conv2d(x, W, b), q_x, s_x)   ABC of the unfolded patches (or the patches
+                                             themselves while exact; with recompute, x is kept,
+                                             and backward unfolds it)
+    hot::layer_bwd(g_y2d, W2d, saved0, saved1, key, exact, seq, need_gx, need_gw, need_gb,
+                  in_features, x_dtype, w_dtype, recompute)
+        -> (g_x2d, g_W2d, g_b)   (empty when not needed; with recompute, saved0 = x2d and
+                                  saved1 = the seed: the ABC codes are formed here)
+
+``LinearFn`` / ``ConvFn`` wire them: forward runs the forward operator, setup_context keeps
+what backward needs (one convention for both layer types: the ABC codes, or x while exact or
+recomputing), backward runs hot::layer_bwd. The backward is not itself differentiable
+(once_differentiable): a double backward through a HOT layer raises instead of returning the
+wrong Hessian-vector product. The one switch between eager and traced use is
+``_call``: while dynamo traces, the operators go into the graph; eagerly their bodies are called
+directly (the torch.library dispatcher would add 20-40 us of host time per call and nothing
+else). Reshapes and F.fold stay outside the operators, in traced code.
+
+``key`` is a per-layer constant: an int naming the layer in a registry of weak references, so
+dynamo bakes it into the graph and no step recompiles. Everything that fixes the saved tensors'
+shapes is an explicit constant argument read from the layer while tracing (dynamo guards on
+each value): HLA rank / bits / scale, the blocking length ``seq``, which gradients are needed,
+and the phase ``exact`` (a bool that flips once, so the end of ``exact_steps`` recompiles once,
+while the step counter never does). The operators check these constants against the layer's
+live state and raise on a stale graph instead of computing with the wrong plan.
+
+Operators that are not ATen builtins are never recomputed in backward by AOT autograd's
+partitioner, so each forward operator runs once per call (its ABC happens once, as in eager
+mode). With HLAConfig.abc "recompute" (and "auto" traced while
+``torch._functorch.config.ban_recompute_materialized_backward`` is False) the forward keeps
+x2d, a plain tensor the partitioner may rebuild in backward from what other ops keep; the
+forward's seed travels as a CPU tensor, so backward forms the codes eager mode's forward would.
+The operators are tagged cudagraph_unsafe: a CUDA graph would replay their kernels with the
+seeds of the captured step and skip the host-side state updates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from ..common import ops
+from .backward import abc_codes, hot_backward, kept_by_producer, no_autocast, patches, seq_pad
+from .state import LayerPlan, make_plan
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "float64": torch.float64}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+# torch 2.14 has the tag; on a torch without it the operators go untagged.
+_TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+
+# torch.library.Library rather than torch.library.custom_op: custom_op's autograd wrapper (a
+# no-grad redispatch), dynamo-disable wrapper and output alias check cost about 60 us of host
+# time per call even inside a compiled graph; here the dispatcher calls the Python body directly.
+_LIB = torch.library.Library("hot", "FRAGMENT")
+
+
+def _def(schema: str, fn, fake):
+    """Declare hot::<schema> with ``fn`` as its kernel on every device and ``fake`` for tracing."""
+    name = schema.split("(", 1)[0]
+    _LIB.define(schema, tags=_TAGS)
+    # Per device, not CompositeExplicitAutograd (which would also serve meta tensors: the body
+    # reads live layer state and must never run while tracing).
+    for key in ("CPU", "CUDA", "XPU", "MPS"):
+        _LIB.impl(name, fn, key)
+    torch.library.register_fake("hot::" + name, fake, lib=_LIB)
+    return getattr(torch.ops.hot, name).default
+
+
+def _call(op, impl, *args):
+    """The one eager / traced switch: the declared operator while dynamo traces, else its body."""
+    return op(*args) if torch.compiler.is_compiling() else impl(*args)
+
+
+_LAYERS: "weakref.WeakValueDictionary[int, torch.nn.Module]" = weakref.WeakValueDictionary()
+_KEYS = itertools.count(1)
+
+
+def register(layer) -> int:
+    """A fresh key naming ``layer`` (weakly) for the operators."""
+    key = next(_KEYS)
+    _LAYERS[key] = layer
+    return key
+
+
+def _layer(key: int):
+    layer = _LAYERS.get(key)
+    if layer is None:
+        raise RuntimeError(
+            f"HOT layer key {key} names a HOT layer that no longer exists: a compiled graph "
+            f"outlived its model. Call torch._dynamo.reset() and compile again.")
+    return layer
+
+
+def _empty(t: torch.Tensor) -> torch.Tensor:
+    return t.new_empty(0)
+
+
+def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: int,
+               row: bool, recompute: bool) -> LayerPlan:
+    """make_plan for this call, after checking the constants the caller passed (traced ones may
+    be stale) against the layer's live state."""
+    cfg = layer.hot_config
+    plan = make_plan(layer, cfg, layer._backend_for(x.device), seq, x.numel() == 0)
+    h = cfg.hla
+    # "auto" was resolved by the caller (from the producer or the partitioner's flag): either is
+    # live.
+    live = (plan.exact, h.rank, h.bits or 0, h.scale == "channel",
+            recompute if h.abc == "auto" else h.abc == "recompute")
+    if live != (exact, rank, bits, row, recompute):
+        raise RuntimeError(
+            f"HOT layer {layer.hot_name!r}: the compiled graph was traced for (exact, rank, bits, "
+            f"per-channel scale, ABC recompute) = {(exact, rank, bits, row, recompute)} but the "
+            f"layer now has {live}; this is a missing recompile: call torch._dynamo.reset() "
+            f"and compile again.")
+    return plan
+
+
+def _seed_tensor(seed: int) -> torch.Tensor:
+    # On the CPU: backward reads it back without a device synchronization.
+    return torch.tensor([seed], dtype=torch.int64)
+
+
+def _abc_fake(x2d: torch.Tensor, seq: int, rank: int, bits: int, row: bool) -> ops.Quantized:
+    """Shapes of abc_codes' output (hot.common.ops.hla_fake)."""
+    a = ops.HLAArgs(rank, "lowpass", bits, ops.ScaleMode.ROW if row else ops.ScaleMode.TENSOR,
+                    False, 0)
+    return ops.hla_fake(seq_pad(x2d, seq), a)
+
+
+# ---------------------------------------------------------------- linear
+
+
+def _linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
+                need_gx: bool, need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
+                row: bool, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    layer = _layer(key)
+    with no_autocast(x2d.device.type):
+        y = F.linear(x2d, w, b)
+        plan = _live_plan(layer, x2d, seq, exact, rank, bits, row, recompute)
+        if need_gw and not exact:
+            if recompute:  # setup_context keeps x2d
+                return y, _empty(y), _seed_tensor(plan.seed_x)
+            q, s = abc_codes(plan, x2d)
+            return y, q.contiguous(), s.contiguous()
+    # While exact, x2d itself is kept (setup_context saves the input: no copy).
+    return y, _empty(y), _empty(y)
+
+
+def _linear_fwd_fake(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute):
+    y = F.linear(x2d, w, b)
+    if need_gw and not exact:
+        if recompute:
+            return y, _empty(y), torch.empty(1, dtype=torch.int64)
+        q, s = _abc_fake(x2d, seq, rank, bits, row)
+        return y, q, s
+    return y, _empty(y), _empty(y)
+
+
+linear_fwd = _def("linear_fwd(Tensor x2d, Tensor w, Tensor? b, int key, bool need_gx, "
+                  "bool need_gw, bool exact, int seq, int rank, int bits, bool row, "
+                  "bool recompute) -> (Tensor, Tensor, Tensor)", _linear_fwd, _linear_fwd_fake)
+
+
+class LinearFn(torch.autograd.Function):
+    """hot::linear_fwd with its backward (hot::layer_bwd)."""
+
+    @staticmethod
+    def forward(*args):
+        return _call(linear_fwd, _linear_fwd, *args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute = inputs
+        _, q, s = output
+        recompute = recompute and not exact
+        saved = ((x2d,) if exact else (x2d, s) if recompute else (q, s)) if need_gw else ()
+        _setup_common(ctx, q, s, saved, w if need_gx else None, key, exact, seq, need_gx,
+                      need_gw, x2d.shape[1], x2d.dtype, w.dtype, recompute, b is not None)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gy2d, _gq, _gs):
+        gx, gw, gb = _backward_2d(ctx, gy2d)
+        return (gx, gw, gb) + (None,) * 9
+
+
+# ---------------------------------------------------------------- conv2d
+
+
+def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
+              stride: list[int], padding: list[int], dilation: list[int], need_gx: bool,
+              need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
+              row: bool, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    layer = _layer(key)
+    with no_autocast(x.device.type):
+        y = F.conv2d(x, w, b, stride, padding, dilation)
+        plan = _live_plan(layer, x, seq, exact, rank, bits, row, recompute)
+        if not need_gw:
+            return y, _empty(y), _empty(y)
+        if recompute and not exact:  # setup_context keeps x
+            return y, _empty(y), _seed_tensor(plan.seed_x)
+        rows = patches(x, w.shape[-2:], stride, padding, dilation)
+        if exact:  # the patches themselves (a transient of kh*kw times x)
+            return y, rows.contiguous(), _empty(y)
+        q, s = abc_codes(plan, rows)
+    return y, q.contiguous(), s.contiguous()
+
+
+def _conv_fwd_fake(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank,
+                   bits, row, recompute):
+    y = F.conv2d(x, w, b, stride, padding, dilation)
+    if not need_gw:
+        return y, _empty(y), _empty(y)
+    if recompute and not exact:
+        return y, _empty(y), torch.empty(1, dtype=torch.int64)
+    rows = x.new_empty((y.shape[0] * y.shape[2] * y.shape[3], w[0].numel()))
+    if exact:
+        return y, rows, _empty(y)
+    q, s = _abc_fake(rows, seq, rank, bits, row)
+    return y, q, s
+
+
+conv_fwd = _def("conv_fwd(Tensor x, Tensor w, Tensor? b, int key, int[] stride, int[] padding, "
+                "int[] dilation, bool need_gx, bool need_gw, bool exact, int seq, int rank, "
+                "int bits, bool row, bool recompute) -> (Tensor, Tensor, Tensor)",
+                _conv_fwd, _conv_fwd_fake)
+
+
+class ConvFn(torch.autograd.Function):
+    """hot::conv_fwd with its backward (hot::layer_bwd, then F.fold)."""
+
+    @staticmethod
+    def forward(*args):
+        return _call(conv_fwd, _conv_fwd, *args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        (x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank, bits, row,
+         recompute) = inputs
+        _, q, s = output
+        recompute = recompute and not exact
+        saved = ((q,) if exact else (x, s) if recompute else (q, s)) if need_gw else ()
+        _setup_common(ctx, q, s, saved, w.reshape(w.shape[0], -1) if need_gx else None, key,
+                      exact, seq, need_gx, need_gw, w[0].numel(), x.dtype, w.dtype, recompute,
+                      b is not None)
+        ctx.geom = (tuple(stride), tuple(padding), tuple(dilation))
+        ctx.x_shape, ctx.w_shape = tuple(x.shape), tuple(w.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gy, _gq, _gs):
+        stride, padding, dilation = ctx.geom
+        gy2d = gy.permute(0, 2, 3, 1).reshape(-1, gy.shape[1])
+        unfold = None
+        if ctx.recompute:  # the patches of the kept x, for layer_bwd's ABC
+            unfold = lambda x: patches(x, ctx.w_shape[-2:], stride, padding, dilation)  # noqa: E731
+        gx, gw, gb = _backward_2d(ctx, gy2d, unfold)
+        if gx is not None:
+            # fold is the adjoint of unfold: overlapping patches sum, as the exact gradient does.
+            positions = gy.shape[2] * gy.shape[3]
+            gx = gx.reshape(ctx.x_shape[0], positions, gx.shape[1]).transpose(1, 2)
+            gx = F.fold(gx, ctx.x_shape[-2:], ctx.w_shape[-2:], dilation, padding, stride)
+        if gw is not None:
+            gw = gw.reshape(ctx.w_shape)
+        return (gx, gw, gb) + (None,) * 12
+
+
+# ---------------------------------------------------------------- shared backward
+
+
+def _setup_common(ctx, q, s, saved, w2d, key, exact, seq, need_gx, need_gw, in_features, x_dtype,
+                  w_dtype, recompute, has_bias):
+    ctx.mark_non_differentiable(q, s)
+    ctx.n_saved, ctx.recompute = len(saved), recompute
+    ctx.save_for_backward(*saved, *((w2d,) if w2d is not None else ()))
+    ctx.key, ctx.exact, ctx.seq = key, exact, seq
+    ctx.need_gx, ctx.need_gw, ctx.in_features = need_gx, need_gw, in_features
+    ctx.x_dtype, ctx.w_dtype = _DTYPE_NAMES[x_dtype], _DTYPE_NAMES[w_dtype]
+    ctx.has_bias = has_bias
+    ctx.traced = torch.compiler.is_compiling()
+
+
+def _backward_2d(ctx, gy2d, unfold=None):
+    """(g_x as L x in_features, g_W as O x in_features, g_b) from hot::layer_bwd; None where not
+    needed. ``unfold`` turns a kept conv input into the rows layer_bwd quantizes (recompute)."""
+    t = ctx.saved_tensors
+    saved = list(t[: ctx.n_saved]) + [None] * (2 - ctx.n_saved)
+    if unfold is not None and ctx.need_gw:
+        saved[0] = unfold(saved[0])
+    w2d = t[ctx.n_saved] if ctx.need_gx else None
+    need_gb = ctx.has_bias and ctx.needs_input_grad[2]
+    args = (gy2d, w2d, saved[0], saved[1], ctx.key, ctx.exact, ctx.seq, ctx.need_gx, ctx.need_gw,
+            need_gb, ctx.in_features, ctx.x_dtype, ctx.w_dtype, ctx.recompute)
+    gx, gw, gb = layer_bwd(*args) if ctx.traced else _layer_bwd(*args)
+    return (gx if ctx.need_gx else None), (gw if ctx.need_gw else None), (gb if need_gb else None)
+
+
+def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[torch.Tensor],
+               saved1: Optional[torch.Tensor], key: int, exact: bool, seq: int, need_gx: bool,
+               need_gw: bool, need_gb: bool, in_features: int, x_dtype: str,
+               w_dtype: str, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    layer = _layer(key)
+    # The config is read again here: a set_config between forward and backward is the caller's
+    # choice; what fixes the saved tensors (exact, seq, rank, bits) comes from the forward.
+    seed_x = int(saved1[0]) if recompute and need_gw else 0
+    plan = LayerPlan(layer.hot_config, layer._backend_for(gy2d.device), exact, seq, seed_x)
+    saved = None
+    if need_gw:
+        saved = saved0 if exact else ops.Quantized(saved0, saved1)
+    with no_autocast(gy2d.device.type):
+        if recompute and need_gw:
+            saved = abc_codes(plan, saved0)
+        gx, gw, gb = hot_backward(layer, plan, gy2d, w2d, saved, need_gx, need_gw,
+                                  _DTYPES[x_dtype], _DTYPES[w_dtype], need_gb)
+    return (gx.contiguous() if gx is not None else _empty(gy2d),
+            gw.contiguous() if gw is not None else _empty(gy2d),
+            gb if gb is not None else _empty(gy2d))
+
+
+def _layer_bwd_fake(gy2d, w2d, saved0, saved1, key, exact, seq, need_gx, need_gw, need_gb,
+                    in_features, x_dtype, w_dtype, recompute):
+    n, o = gy2d.shape
+    gx = gy2d.new_empty((n, in_features), dtype=_DTYPES[x_dtype]) if need_gx else _empty(gy2d)
+    gw = gy2d.new_empty((o, in_features), dtype=_DTYPES[w_dtype]) if need_gw else _empty(gy2d)
+    gb = gy2d.new_empty((o,)) if need_gb else _empty(gy2d)
+    return gx, gw, gb
+
+
+layer_bwd = _def("layer_bwd(Tensor gy2d, Tensor? w2d, Tensor? saved0, Tensor? saved1, int key, "
+                 "bool exact, int seq, bool need_gx, bool need_gw, bool need_gb, "
+                 "int in_features, str x_dtype, str w_dtype, bool recompute) "
+                 "-> (Tensor, Tensor, Tensor)", _layer_bwd, _layer_bwd_fake)
+
+
+# ---------------------------------------------------------------- entry points of the layers
+
+
+def _recompute(layer, x: torch.Tensor) -> bool:
+    """Whether the ABC codes are formed in backward from a kept x (HLAConfig.abc): "recompute",
+    or "auto" where keeping x is free: eagerly where x's producer keeps x anyway, under compile
+    where the partitioner may rebuild what backward materializes (else it would save x itself,
+    which the codes undercut)."""
+    abc = layer.hot_config.hla.abc
+    if abc != "auto":
+        return abc == "recompute"
+    if torch.compiler.is_compiling():
+        import torch._functorch.config as fc
+
+        return not fc.ban_recompute_materialized_backward
+    return kept_by_producer(x)
+
+
+def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int):
+    """(need_gx, need_gw, exact, seq, rank, bits, row, recompute): the constants of this call."""
+    h = layer.hot_config.hla
+    exact = layer._hot_exact_phase or x.numel() == 0
+    return (x.requires_grad, w.requires_grad, exact, seq, h.rank, h.bits or 0,
+            h.scale == "channel", _recompute(layer, x))
+
+
+def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
+           seq: int) -> torch.Tensor:
+    """HOTLinear's forward (inputs validated and autocast-cast by the caller)."""
+    flags = _flags(layer, x, w, seq)
+    x2d = x.reshape(-1, x.shape[-1])
+    y2d, _, _ = LinearFn.apply(x2d, w, b, layer._hot_key, *flags)
+    return y2d.reshape(*x.shape[:-1], y2d.shape[-1])
+
+
+def conv2d(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], geom,
+           seq: int) -> torch.Tensor:
+    """HOTConv2d's forward; geom = (stride, padding, dilation)."""
+    stride, padding, dilation = (list(g) for g in geom)
+    y, _, _ = ConvFn.apply(x, w, b, layer._hot_key, stride, padding, dilation,
+                           *_flags(layer, x, w, seq))
+    return y

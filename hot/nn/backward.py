@@ -1,0 +1,143 @@
+"""A HOT layer's backward, composed only of backend operations (hot.common.ops).
+
+For a layer y = x W^T + b with tokens flattened to rows (x: L x I, g_y: L x O):
+
+    forward   y = F.linear(x, W, b) (or F.conv2d), unchanged
+              ABC: keep (q_x, s_x) = hla_quantize(x), never x itself
+    backward  g_x = int_gemm_nt(hq_quantize(g_y), hq_quantize(W^T))           (HQ)
+              g_W = int_gemm_nt(hla_quantize(g_y), q_x) with scales s_gy, s_x   (HLA)
+              g_b = sum over tokens of g_y                                      (exact)
+
+A frozen weight skips ABC and the g_W path; an input that needs no gradient skips the g_x path
+and does not keep W. During the layer's first ``exact_steps`` backward calls everything is exact
+(and x is kept). With ``HLAConfig.abc == "recompute"`` a layer keeps x and forms (q_x, s_x) in
+backward with the forward's seed: the same codes; "auto" does so where keeping x is free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..common import ops
+from ..common.ops import HLAArgs, HQArgs, LayerGrads, Quantized, ScaleMode
+from .state import LayerPlan, begin_backward
+
+
+def seq_pad(t: torch.Tensor, seq: int) -> torch.Tensor:
+    """Pad each sequence of ``seq`` consecutive rows to a multiple of 16 rows (blocking='sequence')."""
+    if seq <= 0:
+        return t
+    n = t.shape[0] // seq
+    s16 = ops.pad_to(seq)
+    if s16 == seq:
+        return t
+    return F.pad(t.reshape(n, seq, -1), (0, 0, 0, s16 - seq)).reshape(n * s16, -1)
+
+
+def no_autocast(device_type: str):
+    """A context in which autocast is off. HOT's inputs arrive already cast (the layer applies
+    autocast itself, as nn.Linear would), so the HOT work must not be autocast again; outside
+    autocast this is a null context (entering torch.autocast costs host time on every call)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def scale_mode(granularity: str) -> ScaleMode:
+    """Config scale granularity -> op scale mode: per channel is one scale per op output row."""
+    return ScaleMode.ROW if granularity in ("channel", "token") else ScaleMode.TENSOR
+
+
+def hla_args(plan: LayerPlan, seed: int) -> HLAArgs:
+    h = plan.config.hla
+    return HLAArgs(h.rank, h.selection, h.bits or 0, scale_mode(h.scale),
+                   h.rounding == "stochastic", seed)
+
+
+# Autograd nodes that keep their own output (first output) for backward: ReLU, sigmoid, tanh,
+# softmax, exp, attention... Keyed by node type; filled on first sight.
+_KEEPS_RESULT: dict = {}
+
+
+def kept_by_producer(x: torch.Tensor) -> bool:
+    """Whether the autograd node that made ``x`` keeps ``x`` itself for its own backward (its
+    first output saved as ``result`` / ``output``), so keeping x costs no memory. Read from the
+    node's type: nothing is unpacked (saved-tensor hooks, e.g. offloading, are never run)."""
+    node = x.grad_fn
+    if node is None or x.output_nr != 0:
+        return False
+    keeps = _KEEPS_RESULT.get(type(node))
+    if keeps is None:
+        keeps = _KEEPS_RESULT[type(node)] = any(
+            hasattr(node, a) for a in ("_saved_result", "_saved_output", "_saved_result0"))
+    return keeps
+
+
+def abc_codes(plan: LayerPlan, x2d: torch.Tensor) -> Quantized:
+    """ABC: the codes the g_W path needs of x (rows = tokens), with the forward's seed."""
+    return ops.hla_quantize(seq_pad(x2d, plan.seq), hla_args(plan, plan.seed_x), plan.backend)
+
+
+def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d: Optional[torch.Tensor],
+                 saved: Optional[torch.Tensor | Quantized], need_gx: bool, need_gw: bool,
+                 x_dtype: torch.dtype, w_dtype: torch.dtype, need_gb: bool) -> LayerGrads:
+    """(g_x as L x I, g_W as O x I, g_b), each None when not needed; ``saved`` is x (2-D) while
+    exact, else the ABC codes. g_b is always formed when need_gb."""
+    bp = begin_backward(layer, plan, gy2d)
+    if bp.exact:
+        gx = (gy2d @ w2d.to(gy2d.dtype)).to(x_dtype) if need_gx else None
+        gw = (gy2d.t().to(saved.dtype) @ saved).to(w_dtype) if need_gw else None
+        return LayerGrads(gx, gw, gy2d.sum(0) if need_gb else None)
+    cfg = plan.config
+    hq = HQArgs(bp.gx_bits, bp.gy_scale_mode, cfg.hq.gy_rounding == "stochastic", bp.seed_gy)
+    hq_w = HQArgs(bp.gx_bits, scale_mode(cfg.hq.w_scale), cfg.hq.w_rounding == "stochastic",
+                  bp.seed_w)
+    hla = hla_args(plan, bp.seed_hla)
+    gy_hla = seq_pad(gy2d, plan.seq) if need_gw else gy2d
+    gx = gw = gb = None
+    if need_gx and need_gw and gy_hla is gy2d:
+        wt = w2d.t()
+        out = ops.layer_backward(gy2d, wt, saved, hq, hla, hq_w, x_dtype, w_dtype, need_gb,
+                                 plan.backend)
+        if out is not None:
+            gx, gw, gb = out
+        else:
+            # Both paths quantize the same g_y: one pass (gy_quantize is by definition the pair
+            # of hq_quantize and hla_quantize with these arguments).
+            qg, qh = ops.gy_quantize(gy2d, hq, hla, plan.backend)
+            qw = ops.hq_quantize(wt, hq_w, plan.backend)
+            gx = ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, plan.backend)
+            gw = ops.int_gemm_nt(qh.q, saved.q, qh.scale, saved.scale, w_dtype, plan.backend)
+    else:
+        if need_gx:
+            qg = ops.hq_quantize(gy2d, hq, plan.backend)
+            qw = ops.hq_quantize(w2d.t(), hq_w, plan.backend)
+            gx = ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, plan.backend)
+        if need_gw:
+            qh = ops.hla_quantize(gy_hla, hla, plan.backend)
+            gw = ops.int_gemm_nt(qh.q, saved.q, qh.scale, saved.scale, w_dtype, plan.backend)
+    if need_gb and gb is None:
+        gb = gy2d.sum(0)
+    return LayerGrads(gx, gw, gb)
+
+
+def patches(x: torch.Tensor, ksize, stride, padding, dilation) -> torch.Tensor:
+    """The patches of x (B, C, H, W) as rows: (B * Ho * Wo, C * kh * kw), row (b, oh, ow) and
+    column (c, i, j), i.e. exactly ``F.unfold(x, ...).transpose(1, 2).reshape(-1, C * kh * kw)``.
+
+    Where dilation is 1 the patches are strided views (Tensor.unfold) copied once: F.unfold on
+    CUDA launches one im2col kernel per image (about 4 ms per ViT-B/16 step at batch 128 for the
+    patch embedding alone on an H100)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = ksize, stride, padding, dilation
+    if (dh, dw) != (1, 1):
+        xu = F.unfold(x, (kh, kw), dilation, padding, stride)  # (B, Ckk, L)
+        return xu.transpose(1, 2).reshape(-1, xu.shape[1])
+    if ph or pw:
+        x = F.pad(x, (pw, pw, ph, ph))
+    v = x.unfold(2, kh, sh).unfold(3, kw, sw)  # (B, C, Ho, Wo, kh, kw): a view
+    b, c, ho, wo = v.shape[:4]
+    return v.permute(0, 2, 3, 1, 4, 5).reshape(b * ho * wo, c * kh * kw)
