@@ -83,8 +83,10 @@ def test_zero_or_nan_gy_on_one_rank_neither_hangs_nor_splits_lqs(tmp_path):
     (["--worlds", "1,4"], "--worlds='1,4': 4 is not one of 1, 2"),
     (["--steps", "0"], "--steps=0 must be > 0"),
     (["--vit-heads", "3"], "heads must divide dim"),
+    (["--json", "/nonexistent-folder/x.json"], "cannot write into /nonexistent-folder"),
 ])
 def test_bad_options_exit_2_with_one_line(flags, needle, tmp_path, capsys):
+    # A --json among the flags overrides the first one (argparse keeps the last).
     assert cli.main(["--device", "cpu", "--json", str(tmp_path / "x.json"), *flags]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1

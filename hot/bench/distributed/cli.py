@@ -47,7 +47,7 @@ def run(opts, say=None) -> dict:
                                 ("on CPU they mean nothing (pass --speed to run them anyway)."
                                  if opts.device == "cpu" else "--no-speed."))
         say(result["speed_note"])
-    say(f"plan: " + "; ".join(f"{b.label}: {len(b.phases)} phases" for b in blocks)
+    say("plan: " + "; ".join(f"{b.label}: {len(b.phases)} phases" for b in blocks)
         + f"; budget {opts.budget:.0f} s; results to {opts.json}")
     outcomes = {}
     outdir = tempfile.mkdtemp(prefix="hot-distributed-")

@@ -165,6 +165,10 @@ def from_args(argv=None) -> Options:
     if os.path.exists(path):
         raise OptionsError(f"--json {path}: the file exists and is never overwritten; pass a "
                            f"new path.")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise OptionsError(f"--json {path}: cannot write into {folder}; pass a path in an "
+                           f"existing, writable folder.")
     procs = max(worlds)
     return Options(
         device=device, workloads=_csv("--workloads", a.workloads, WORKLOADS),

@@ -111,16 +111,19 @@ def env_info(device) -> dict:
     out = {"torch": torch.__version__, "python": platform.python_version(),
            "device": device.type}
     if device.type == "cuda":
-        import triton
-
-        from hot.fast import native
-
         p = torch.cuda.get_device_properties(device)
         nccl = torch.cuda.nccl.version()
         out.update(gpu=p.name, sm=f"{p.major}.{p.minor}", gpus=torch.cuda.device_count(),
-                   cuda=torch.version.cuda, triton=triton.__version__,
-                   nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
-                   native=native.why_off() or "on")
+                   cuda=torch.version.cuda,
+                   nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl))
+        try:  # a fast backend that cannot load fails the HOT phases, each saying why
+            import triton
+
+            from hot.fast import native
+
+            out.update(triton=triton.__version__, native=native.why_off() or "on")
+        except Exception as e:
+            out.update(triton=None, native=f"fast backend unavailable: {type(e).__name__}: {e}")
     else:
         out.update(cpu=platform.processor() or platform.machine(), nccl=None)
     return out
