@@ -5,7 +5,6 @@ the same parameters as one process on both ranks' data."""
 
 import faulthandler
 import os
-import socket
 
 import pytest
 import torch
@@ -14,12 +13,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 import hot
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from hot.bench.distributed.launch import free_port as _free_port
 
 
 def _run_two_ranks(worker) -> dict:
