@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from ..analysis.fidelity import model_fidelity
-from ..data import load_dataset
-from .common import (add_hot_args, add_json_flag, device_from, emit, hot_config, progress,
-                     render_table)
-from .modelargs import add_model_args, build_for_analysis
+from ..data import DATASETS, load_dataset
+from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
+                     hot_config, progress, render_table)
+from .modelargs import add_model_args, build_for_analysis, check_fits
 from .trainer import Batches, logits_of
 
 
@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
         "column is the scaling the layer chose for g_y after calibrating on this batch.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_args(p)
-    p.add_argument("--dataset", default=None,
+    p.add_argument("--dataset", default=None, choices=sorted(DATASETS),
                    help="take the batch from this dataset (hot train's names; default: random "
                         "inputs and labels; real data gives realistic gradients)")
     p.add_argument("--data-root", default=None)
@@ -36,28 +36,41 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _data_shape(args, data) -> tuple:
+    """The model's image shape for a dataset batch: --input-shape (the images are resized to
+    it) where its channels match the data's, else the data's own shape."""
+    if not args.input_shape:
+        return tuple(data.shape)
+    if args.input_shape[0] != data.shape[0]:
+        given = ",".join(map(str, args.input_shape))
+        raise CLIError(
+            f"--input-shape {given} does not fit --dataset {args.dataset}, whose images are "
+            f"{','.join(map(str, data.shape))}; give {data.shape[0]},H,W (the images are "
+            f"resized to H x W) or leave --input-shape out.")
+    return tuple(args.input_shape)
+
+
 def run(args) -> int:
     device = device_from(args.device)
+    check_backend(args, device)
+    cfg = hot_config(args)
     torch.manual_seed(args.seed)
+    shape = data = None
     if args.dataset:
         data = load_dataset(args.dataset, args.data_root, train_size=args.batch, test_size=1,
                             seed=args.seed)
+        check_fits(args.model, "MODEL", data)
+        args.classes = data.classes
         if data.kind == "image":
-            args.input_shape = args.input_shape or ",".join(map(str, data.shape))
-            args.classes = data.classes
-        else:
-            args.classes = data.classes
-    built, shape, make = build_for_analysis(args)
+            shape = _data_shape(args, data)
+    built, shape, make = build_for_analysis(args, shape)
     model = built.model.to(device)
-    if args.dataset:
-        size = None
-        if shape is not None and data.kind == "image" and data.shape != shape:
-            size = shape[-1]
+    if data is not None:
+        size = shape[-1] if data.kind == "image" and tuple(data.shape) != shape else None
         b = Batches(data, "train", device, built.tokenizer, args.seq_len, size)
         x, y = b.get(torch.arange(min(args.batch, len(b))))
     else:
         x, y = make(device, torch.Generator().manual_seed(args.seed))
-    cfg = hot_config(args)
     rows = model_fidelity(model, lambda m: F.cross_entropy(logits_of(m, x).float(), y), cfg,
                           args.backend, progress=lambda it: progress(it, "inspect layers"))
     table = []

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from ..analysis import memory as M
 from ..analysis.saved import OTHER, SavedTensorMeter
 from ..analysis.shapes import layer_shapes
+from . import argtypes as T
 from . import plots
-from .common import (add_hot_args, add_json_flag, device_from, emit, fmt_bytes, hot_config,
-                     progress, render_table)
+from .common import (add_hot_args, add_json_flag, check_backend, device_from, emit, fmt_bytes,
+                     hot_config, progress, render_table)
 from .methods import METHODS
 from .modelargs import add_model_args, build_for_analysis
 from .trainer import logits_of
@@ -29,7 +30,8 @@ def add_parser(sub) -> None:
         "state and saved layer inputs. Writes a bar chart PNG.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_args(p)
-    p.add_argument("--methods", default="fp32,bf16,hot", help="comma-separated methods")
+    p.add_argument("--methods", type=T.method_list, default="fp32,bf16,hot",
+                   help=f"comma-separated methods: {', '.join(METHODS)}")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--out", default="hot_memory_out", help="folder for memory.png")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -40,6 +42,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     device = device_from(args.device)
+    check_backend(args, device)
     cfg = hot_config(args)
     built, shape, make = build_for_analysis(args)
     base = built.model
@@ -48,10 +51,7 @@ def run(args) -> int:
     shapes = layer_shapes(base, lambda m: logits_of(m, x))
     names = list(dict.fromkeys(s.name for s in shapes))
     state = M.state_bytes(base)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"--methods: unknown method {m!r}; choose from {sorted(METHODS)}")
+    methods = args.methods
     results = {}
     for name in progress(methods, "memory: forward/backward per method"):
         method = METHODS[name]
@@ -73,12 +73,14 @@ def run(args) -> int:
                 if name in ("fp32", "bf16", "hot", "hot-bf16") else None
         an_act = sum(v for v in analytic.values() if v is not None)
         results[name] = {
-            "measured_saved_linear": meter.layer_total, "measured_saved_other": meter.by_layer.get(OTHER, 0),
+            "measured_saved_linear": meter.layer_total,
+            "measured_saved_other": meter.by_layer.get(OTHER, 0),
             "measured_saved_total": meter.total,
             "peak_forward_backward_bytes": peak,
             "analytic": {"weights": state["weights"], "gradients": state["gradients"],
                          "optimizer": state["optimizer"], "activations_linear": an_act,
-                         "total": state["weights"] + state["gradients"] + state["optimizer"] + an_act},
+                         "total": (state["weights"] + state["gradients"] + state["optimizer"]
+                                   + an_act)},
             "layers": {n: {"measured": meter.by_layer.get(n, 0), "analytic": analytic.get(n),
                            "dtypes": sorted(meter.dtypes.get(n, ()))} for n in names},
         }

@@ -10,10 +10,12 @@ import time
 
 from ..data import DATASETS, load_dataset
 from ..models import build_model, describe_model_spec
+from . import argtypes as T
 from . import plots
-from .common import (CLIError, add_hot_args, add_json_flag, device_from, emit, fmt_bytes,
+from .common import (add_hot_args, add_json_flag, check_backend, device_from, emit, fmt_bytes,
                      hot_config, render_table)
 from .methods import METHODS
+from .modelargs import check_fits, check_tiny_vit
 from .trainer import RunSpec, train_run
 
 
@@ -32,23 +34,31 @@ def add_parser(sub) -> None:
                    "or Fashion-MNIST elsewhere)")
     p.add_argument("--method", default="hot", choices=sorted(METHODS),
                    help="; ".join(f"{k}: {m.help}" for k, m in METHODS.items()))
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=None, help="default 1e-3, or 5e-5 for text models")
-    p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--epochs", type=T.positive_int, default=1)
+    p.add_argument("--lr", type=T.positive_float, default=None,
+                   help="default 1e-3, or 5e-5 for text models")
+    p.add_argument("--weight-decay", type=T.nonnegative_float, default=0.05)
+    p.add_argument("--batch-size", type=T.positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train-size", type=int, default=None, help="fixed random training subset")
-    p.add_argument("--test-size", type=int, default=None, help="fixed random test subset")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (smoke runs)")
-    p.add_argument("--image-size", type=int, default=None, help="resize images to this square size")
-    p.add_argument("--max-len", type=int, default=64, help="tokens per text example")
-    p.add_argument("--lora-r", type=int, default=0, help="LoRA rank via peft (0 = full training); "
-                   "HOT then applies only to the frozen base layers")
-    p.add_argument("--lora-alpha", type=int, default=16)
-    p.add_argument("--vit-dim", type=int, default=128)
-    p.add_argument("--vit-depth", type=int, default=6)
+    p.add_argument("--train-size", type=T.positive_int, default=None,
+                   help="fixed random training subset")
+    p.add_argument("--test-size", type=T.positive_int, default=None,
+                   help="fixed random test subset")
+    p.add_argument("--max-steps", type=T.positive_int, default=None,
+                   help="stop after N steps (smoke runs)")
+    p.add_argument("--image-size", type=T.positive_int, default=None,
+                   help="resize images to this square size")
+    p.add_argument("--max-len", type=T.positive_int, default=64, help="tokens per text example")
+    p.add_argument("--lora-r", type=T.nonnegative_int, default=0,
+                   help="LoRA rank via peft (0 = full training); HOT then applies only to the "
+                        "frozen base layers")
+    p.add_argument("--lora-alpha", type=T.positive_int, default=16)
+    p.add_argument("--vit-dim", type=T.positive_int, default=128,
+                   help="tiny-vit width (a multiple of its 4 heads)")
+    p.add_argument("--vit-depth", type=T.positive_int, default=6, help="tiny-vit blocks")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
-    p.add_argument("--out", default=None, help="output folder (default runs/<model>-<dataset>-<method>)")
+    p.add_argument("--out", default=None,
+                   help="output folder (default runs/<model>-<dataset>-<method>)")
     p.add_argument("--resume", default=None, help="checkpoint.pt to continue from (with the "
                    "same --epochs, so that the learning-rate schedule is the same)")
     p.add_argument("--keep-checkpoints", action="store_true",
@@ -61,16 +71,17 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     device = device_from(args.device)
+    check_backend(args, device)
     data = load_dataset(args.dataset, args.data_root, train_size=args.train_size,
                         test_size=args.test_size, seed=args.seed, image_size=args.image_size or 32)
+    check_fits(args.model, "--model", data)
     shape = None
     if data.kind == "image":
-        shape = data.shape if not args.image_size else (data.shape[0], args.image_size, args.image_size)
-    text_model = args.model == "minilm" or pathlib.Path(args.model).is_dir()
-    if (data.kind == "text") != text_model:
-        raise CLIError(f"--model {args.model} and --dataset {args.dataset} do not fit together: "
-                       f"text datasets need a HuggingFace text model (e.g. --model minilm), "
-                       f"image datasets an image model (tiny-vit or a timm name).")
+        shape = (data.shape if not args.image_size else
+                 (data.shape[0], args.image_size, args.image_size))
+        if args.model == "tiny-vit":
+            check_tiny_vit(shape, args.vit_dim, f"--image-size {args.image_size}" if args.image_size
+                           else f"--dataset {args.dataset} (pass --image-size)")
     lr = args.lr if args.lr is not None else (5e-5 if data.kind == "text" else 1e-3)
     name = f"{pathlib.Path(args.model).name}-{args.dataset}-{args.method}"
     out = pathlib.Path(args.out or pathlib.Path("runs") / name)
