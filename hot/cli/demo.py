@@ -13,6 +13,7 @@ from . import argtypes as T
 from . import plots
 from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
                      fmt_bytes, hot_config, log, render_table)
+from .outputs import add_overwrite_flag, claim, write_text
 from .trainer import RunSpec, train_run
 
 # Sized so that FP32 + HOT (reference backend) + 6 evaluations + plot finish in under 5 minutes
@@ -49,6 +50,7 @@ def add_parser(sub) -> None:
     p.add_argument("--data-root", default=None, help="folder with the Fashion-MNIST IDX .gz files")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--out", default="hot_demo_out", help="folder for the PNG and metrics.json")
+    add_overwrite_flag(p)
     add_hot_args(p)
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -63,6 +65,8 @@ def run(args) -> int:
     check_backend(args, device)
     methods = args.methods or (["fp32", "bf16", "hot"] if device.type == "cuda" else
                                ["fp32", "hot"])
+    out = pathlib.Path(args.out)
+    claim(out, ["metrics.json", "curves.png"], args.overwrite)
     t_start = time.perf_counter()
     data = load_dataset(args.dataset, args.data_root, train_size=cfg["train_size"],
                         test_size=cfg["test_size"], seed=args.seed, fallback=True)
@@ -86,9 +90,7 @@ def run(args) -> int:
         r = train_run(builder, data, spec, device)
         r.pop("model")
         runs.append(r)
-    out = pathlib.Path(args.out)
-    png = plots.curves(runs, out / "curves.png",
-                       f"TinyViT on {data.name}: {len(data.y_train)} images x {cfg['epochs']} epoch(s)")
+    png = str(out / "curves.png")
     base = runs[0]
     rows, summary = [], []
     for r in runs:
@@ -103,8 +105,10 @@ def run(args) -> int:
     result = {"dataset": data.name, "data_note": data.note, "device": str(device),
               "config": cfg, "seed": args.seed, "runs": summary, "plot": png,
               "wall_time_s": time.perf_counter() - t_start}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(result, indent=1, default=str))
+    # The metrics first: a figure that fails to draw must not cost the results.
+    write_text(out / "metrics.json", json.dumps(result, indent=1, default=str))
+    plots.curves(runs, out / "curves.png", f"TinyViT on {data.name}: {len(data.y_train)} "
+                 f"images x {cfg['epochs']} epoch(s)")
     table = render_table(["method", "test acc %", f"vs {base['label']}", "ms/step", "peak memory",
                           "saved by linears", f"{base['label']}/method"], rows)
     note = ("peak memory: " + ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
@@ -114,7 +118,8 @@ def run(args) -> int:
                       "saved by linears: bytes autograd keeps for backward inside nn.Linear "
                       "layers at one step (batch %d), parameters excluded" % cfg["batch_size"],
                       (f"data: {data.note}" if data.note else ""),
-                      f"curves: {png}    metrics: {out / 'metrics.json'}    "
+                      f"curves: {png}    "
+                      f"metrics: {out / 'metrics.json'}    "
                       f"wall time: {result['wall_time_s']:.0f} s"])
     emit(args, result, text)
     return 0

@@ -18,6 +18,7 @@ from .common import (add_hot_args, add_json_flag, check_backend, device_from, em
                      hot_config, progress, render_table)
 from .methods import METHODS
 from .modelargs import add_model_args, build_for_analysis
+from .outputs import add_overwrite_flag, claim
 from .trainer import logits_of
 
 
@@ -35,6 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--out", default="hot_memory_out", help="folder for memory.png")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    add_overwrite_flag(p)
     add_hot_args(p)
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -44,6 +46,9 @@ def run(args) -> int:
     device = device_from(args.device)
     check_backend(args, device)
     cfg = hot_config(args)
+    png = pathlib.Path(args.out) / "memory.png"
+    if not args.no_plot:
+        claim(png.parent, [png.name], args.overwrite)
     built, shape, make = build_for_analysis(args)
     base = built.model
     x, y = make(device, torch.Generator().manual_seed(0))
@@ -94,7 +99,7 @@ def run(args) -> int:
     if not args.no_plot:
         out["plot"] = plots.memory_bars(
             names, {m: [results[m]["layers"][n]["measured"] for n in names] for m in methods},
-            pathlib.Path(args.out) / "memory.png", f"{args.model}, batch {args.batch}")
+            png, f"{args.model}, batch {args.batch}")
     rows = []
     for n in names:
         row = [n]

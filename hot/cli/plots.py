@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pathlib
 
+from .outputs import atomic
+
 
 def _plt():
     import matplotlib
@@ -34,9 +36,7 @@ def curves(runs: list[dict], path: pathlib.Path, title: str) -> str:
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
     return str(path)
 
 
@@ -55,7 +55,12 @@ def memory_bars(layers: list[str], series: dict[str, list[float]], path: pathlib
     ax.grid(axis="x", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
     return str(path)
+
+
+def _save(plt, fig, path: pathlib.Path) -> None:
+    try:
+        atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import pathlib
 import time
+from typing import Optional
+
+import hot
 
 from ..data import DATASETS, load_dataset
 from ..models import build_model, describe_model_spec
 from . import argtypes as T
 from . import plots
-from .common import (add_hot_args, add_json_flag, check_backend, device_from, emit, fmt_bytes,
-                     hot_config, render_table)
+from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
+                     fmt_bytes, hot_config, render_table)
 from .methods import METHODS
 from .modelargs import check_fits, check_tiny_vit
-from .trainer import RunSpec, train_run
+from .outputs import add_overwrite_flag, claim, write_text
+from .trainer import (RunSpec, checkpoint_complete, epoch_checkpoint, read_checkpoint,
+                      train_run)
 
 
 def add_parser(sub) -> None:
@@ -25,7 +31,8 @@ def add_parser(sub) -> None:
         description="Train a model on a dataset with one method and write metrics.json, "
         "metrics.csv, checkpoint.pt and curves.png into the output folder. Resuming "
         "(--resume) restores weights, optimizer, schedule and HOT's step counters and LQS "
-        "decisions.",
+        "decisions. Results an earlier run left in the folder are never replaced without "
+        "--overwrite, and the folder is created only when the first checkpoint is written.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="tiny-vit", help=describe_model_spec())
     p.add_argument("--dataset", default="fashion-mnist", choices=sorted(DATASETS),
@@ -60,10 +67,12 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default=None,
                    help="output folder (default runs/<model>-<dataset>-<method>)")
     p.add_argument("--resume", default=None, help="checkpoint.pt to continue from (with the "
-                   "same --epochs, so that the learning-rate schedule is the same)")
+                   "same --epochs, so that the learning-rate schedule is the same); a finished "
+                   "run is left as it is")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="also keep checkpoint-epoch<N>.pt after every epoch")
     p.add_argument("--no-plot", action="store_true")
+    add_overwrite_flag(p)
     add_hot_args(p)
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -72,6 +81,13 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     device = device_from(args.device)
     check_backend(args, device)
+    cfg = hot_config(args)
+    ck = read_checkpoint(args.resume) if args.resume else None
+    if ck is not None and checkpoint_complete(ck, args.epochs, args.max_steps):
+        return _already_complete(args, ck)
+    name = f"{pathlib.Path(args.model).name}-{args.dataset}-{args.method}"
+    out = pathlib.Path(args.out or pathlib.Path("runs") / name)
+    _claim_outputs(args, out, ck)
     data = load_dataset(args.dataset, args.data_root, train_size=args.train_size,
                         test_size=args.test_size, seed=args.seed, image_size=args.image_size or 32)
     check_fits(args.model, "--model", data)
@@ -83,45 +99,81 @@ def run(args) -> int:
             check_tiny_vit(shape, args.vit_dim, f"--image-size {args.image_size}" if args.image_size
                            else f"--dataset {args.dataset} (pass --image-size)")
     lr = args.lr if args.lr is not None else (5e-5 if data.kind == "text" else 1e-3)
-    name = f"{pathlib.Path(args.model).name}-{args.dataset}-{args.method}"
-    out = pathlib.Path(args.out or pathlib.Path("runs") / name)
-    out.mkdir(parents=True, exist_ok=True)
     builder = lambda: build_model(args.model, classes=data.classes, input_shape=shape,
                                   vit_dim=args.vit_dim, vit_depth=args.vit_depth)
     spec = RunSpec(method=args.method, epochs=args.epochs, lr=lr, weight_decay=args.weight_decay,
-                   batch_size=args.batch_size, seed=args.seed, hot_config=hot_config(args),
+                   batch_size=args.batch_size, seed=args.seed, hot_config=cfg,
                    backend=args.backend, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
                    max_len=args.max_len, image_size=args.image_size, max_steps=args.max_steps,
-                   checkpoint=str(out / "checkpoint.pt"), resume=args.resume,
+                   checkpoint=str(out / "checkpoint.pt"), resume=args.resume, resume_state=ck,
                    keep_checkpoints=args.keep_checkpoints)
     t0 = time.perf_counter()
     r = train_run(builder, data, spec, device, label=args.method)
     model = r.pop("model")
-    lqs = {n: int(m.hot_lqs) for n, m in _hot_layers(model)}
-    hot_steps = {n: int(m.hot_step) for n, m in _hot_layers(model)}
+    layers = hot.hot_layers(model)
+    png = out / "curves.png"
     result = {"model": args.model, "dataset": data.name, "data_note": data.note,
               "train_examples": len(data.y_train) if data.kind == "image" else len(data.train),
               "test_examples": len(data.y_test) if data.kind == "image" else len(data.test),
-              "lr": lr, "lora_r": args.lora_r, "hot_config": spec.hot_config.to_dict(),
-              "lqs": lqs, "hot_steps": hot_steps, "out": str(out), "wall_time_s": time.perf_counter() - t0, **r}
-    (out / "metrics.json").write_text(json.dumps(result, indent=1, default=str))
-    with open(out / "metrics.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["epoch", "step", "train_loss", "test_acc"])
-        w.writeheader()
-        w.writerows(r["history"]["epochs"])
+              "lr": lr, "lora_r": args.lora_r, "hot_config": cfg.to_dict(),
+              "lqs": {n: int(m.hot_lqs) for n, m in layers},
+              "hot_steps": {n: int(m.hot_step) for n, m in layers}, "out": str(out),
+              "wall_time_s": time.perf_counter() - t0,
+              "plot": None if args.no_plot else str(png), **r}
+    # The metrics first: a figure that fails to draw must not cost the results.
+    write_text(out / "metrics.json", json.dumps(result, indent=1, default=str))
+    write_text(out / "metrics.csv", _csv(r["history"]["epochs"]))
     if not args.no_plot:
-        result["plot"] = plots.curves([r], out / "curves.png", f"{name}")
-    text = render_table(["method", "test acc %", "steps", "ms/step", "peak memory", "saved by linears"],
+        plots.curves([r], png, name)
+    text = render_table(["method", "test acc %", "steps", "ms/step", "peak memory",
+                         "saved by linears"],
                         [[args.method, f"{100 * r['test_acc']:.2f}", r["steps"],
-                          f"{1000 * r['time_per_step_s']:.0f}", fmt_bytes(r["peak_memory_bytes"]),
-                          fmt_bytes(r["saved_bytes_linear"])]])
-    text += f"\n\noutputs in {out}/ (metrics.json, metrics.csv, checkpoint.pt" + \
-            (", curves.png)" if not args.no_plot else ")")
+                          f"{1000 * r['time_per_step_s']:.0f}",
+                          fmt_bytes(r["peak_memory_bytes"]), fmt_bytes(r["saved_bytes_linear"])]])
+    files = ["metrics.json", "metrics.csv", "checkpoint.pt"] + (["curves.png"] if result["plot"]
+                                                                else [])
+    text += f"\n\noutputs in {out}/ ({', '.join(files)})"
     emit(args, result, text)
     return 0
 
 
-def _hot_layers(model):
-    import hot
+def _claim_outputs(args, out: pathlib.Path, ck: Optional[dict]) -> None:
+    """Stop before any work if the run would replace results in ``out`` (see outputs.claim);
+    the checkpoint being resumed may be replaced, since the run continues it."""
+    if (not args.resume and not args.overwrite and (out / "checkpoint.pt").exists()
+            and not (out / "metrics.json").exists()):
+        raise CLIError(f"--out {out} holds the checkpoint.pt of a run that did not finish; "
+                       f"continue it with --resume {out / 'checkpoint.pt'}, or give another "
+                       f"--out folder, or --overwrite to start over.")
+    start = ck["epoch"] + 1 if ck is not None else 0
+    names = ["metrics.json", "metrics.csv", "checkpoint.pt"]
+    names += [] if args.no_plot else ["curves.png"]
+    if args.keep_checkpoints:
+        names += [epoch_checkpoint("checkpoint.pt", e).name
+                  for e in range(start + 1, args.epochs + 1)]
+    claim(out, names, args.overwrite, keep=[args.resume] if args.resume else [])
 
-    return hot.hot_layers(model)
+
+def _already_complete(args, ck: dict) -> int:
+    """A --resume of a finished run: say so and write nothing (exit status 0)."""
+    epochs = ck["history"].get("epochs") or []
+    acc = epochs[-1]["test_acc"] if epochs else None
+    result = {"status": "already complete", "resume": args.resume, "written": [],
+              "epochs_done": ck["epoch"] + 1, "steps": ck["step"], "test_acc": acc,
+              "history": ck["history"]}
+    limit = (f"--max-steps {args.max_steps}" if args.max_steps is not None
+             and ck["step"] >= args.max_steps else f"--epochs {args.epochs}")
+    text = (f"nothing to train: {args.resume} is already complete for {limit} (epoch "
+            f"{ck['epoch'] + 1}, step {ck['step']}"
+            + (f", test accuracy {100 * acc:.2f}%" if acc is not None else "")
+            + "); nothing was written.")
+    emit(args, result, text)
+    return 0
+
+
+def _csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["epoch", "step", "train_loss", "test_acc"])
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
