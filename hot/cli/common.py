@@ -1,4 +1,4 @@
-"""Shared pieces of the subcommands: HOT config options, output (table or JSON), progress bars."""
+"""Shared pieces of the subcommands: HOT config options, output (table or JSON), progress."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import time
 from typing import Iterable, Optional
 
 import torch
@@ -24,15 +25,57 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def progress_enabled() -> bool:
+    """Whether the subcommands show progress; HOT_NO_PROGRESS=1 turns it off."""
+    return os.environ.get("HOT_NO_PROGRESS") != "1"
+
+
 def progress(it: Iterable, desc: str, total: Optional[int] = None, leave: bool = False):
-    """A tqdm bar on stderr (stdout stays clean for --json); plain iteration without tqdm."""
+    """A tqdm bar on stderr (stdout stays clean for --json). Without tqdm, plain lines on
+    stderr (PlainProgress); with progress turned off (progress_enabled), the iterable itself."""
+    if not progress_enabled():
+        return it
     try:
         from tqdm.auto import tqdm
     except ImportError:
-        return it
-    quiet = os.environ.get("HOT_NO_PROGRESS") == "1"
-    return tqdm(it, desc=desc, total=total, leave=leave, file=sys.stderr, disable=quiet,
-                dynamic_ncols=True)
+        return PlainProgress(it, desc, total)
+    return tqdm(it, desc=desc, total=total, leave=leave, file=sys.stderr, dynamic_ncols=True)
+
+
+class PlainProgress:
+    """Progress as plain lines on stderr ("desc: 40/157, loss=0.512"), for installs without
+    tqdm: a line at most every ``every_s`` seconds while iterating, and one at the end."""
+
+    def __init__(self, it: Iterable, desc: str, total: Optional[int] = None,
+                 every_s: float = 10.0):
+        self.it, self.desc, self.every_s = it, desc, every_s
+        self.total = total if total is not None else _len(it)
+        self.postfix = ""
+
+    def set_postfix(self, **kw) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in kw.items())
+
+    def _line(self, n: int) -> None:
+        of = f"/{self.total}" if self.total is not None else ""
+        log(f"{self.desc}: {n}{of}" + (f", {self.postfix}" if self.postfix else ""))
+
+    def __iter__(self):
+        n, shown, last = 0, None, time.monotonic()
+        for x in self.it:
+            yield x
+            n += 1
+            if time.monotonic() - last >= self.every_s:
+                self._line(n)
+                shown, last = n, time.monotonic()
+        if shown != n:
+            self._line(n)
+
+
+def _len(it) -> Optional[int]:
+    try:
+        return len(it)
+    except TypeError:
+        return None
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:

@@ -90,7 +90,7 @@ def run(args) -> int:
         r = train_run(builder, data, spec, device)
         r.pop("model")
         runs.append(r)
-    png = str(out / "curves.png")
+    png = str(out / "curves.png") if plots.available() else None
     base = runs[0]
     rows, summary = [], []
     for r in runs:
@@ -118,7 +118,7 @@ def run(args) -> int:
                       "saved by linears: bytes autograd keeps for backward inside nn.Linear "
                       "layers at one step (batch %d), parameters excluded" % cfg["batch_size"],
                       (f"data: {data.note}" if data.note else ""),
-                      f"curves: {png}    "
+                      f"curves: {png or 'not drawn (no matplotlib)'}    "
                       f"metrics: {out / 'metrics.json'}    "
                       f"wall time: {result['wall_time_s']:.0f} s"])
     emit(args, result, text)

@@ -121,6 +121,6 @@ def run(args) -> int:
     text = (render_table(hdr, rows) + "\n\n" + render_table(
         ["method", "saved: linears", "saved: other", "saved: all", "weights", "grads", "AdamW",
          "model total", "GPU peak fwd+bwd"], summ)
-        + f"\n\n{out['notes']}." + (f"\nplot: {out['plot']}" if "plot" in out else ""))
+        + f"\n\n{out['notes']}." + (f"\nplot: {out['plot']}" if out.get("plot") else ""))
     emit(args, out, text)
     return 0

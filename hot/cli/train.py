@@ -119,7 +119,7 @@ def run(args) -> int:
               "lqs": {n: int(m.hot_lqs) for n, m in layers},
               "hot_steps": {n: int(m.hot_step) for n, m in layers}, "out": str(out),
               "wall_time_s": time.perf_counter() - t0,
-              "plot": None if args.no_plot else str(png), **r}
+              "plot": str(png) if not args.no_plot and plots.available() else None, **r}
     # The metrics first: a figure that fails to draw must not cost the results.
     write_text(out / "metrics.json", json.dumps(result, indent=1, default=str))
     write_text(out / "metrics.csv", _csv(r["history"]["epochs"]))
