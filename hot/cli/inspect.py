@@ -14,6 +14,8 @@ from .common import (CLIError, add_hot_args, add_json_flag, check_backend, devic
 from .modelargs import add_model_args, build_for_analysis, check_fits
 from .trainer import Batches, logits_of
 
+NO_GRADIENT = "no gradient"
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -22,7 +24,8 @@ def add_parser(sub) -> None:
         "in an exact backward, then run each layer's HOT backward on the same x and g_y and "
         "compare g_x and g_W with the exact ones. SQNR = 10 log10(|g|^2 / |g_hot - g|^2) dB; "
         "effective bits = SQNR / 6.02 (an ideal uniform quantizer with that SQNR). The LQS "
-        "column is the scaling the layer chose for g_y after calibrating on this batch.",
+        "column is the scaling the layer chose for g_y after calibrating on this batch. A "
+        "layer whose g_y is exactly zero is shown as such: there is nothing to compare.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_args(p)
     p.add_argument("--dataset", default=None, choices=sorted(DATASETS),
@@ -73,20 +76,36 @@ def run(args) -> int:
         x, y = make(device, torch.Generator().manual_seed(args.seed))
     rows = model_fidelity(model, lambda m: F.cross_entropy(logits_of(m, x).float(), y), cfg,
                           args.backend, progress=lambda it: progress(it, "inspect layers"))
-    table = []
-    for r in rows:
-        if not r["converted"]:
-            table.append([r["layer"], "not converted"] + [""] * 6)
-            continue
-        gx, gw = r["g_x"], r["g_W"]
-        table.append([r["layer"], r["lqs"], gx["sqnr_db"], gx["cosine"], gx["effective_bits"],
-                      gw["sqnr_db"], gw["cosine"], gw["effective_bits"]])
+    table = [_table_row(r) for r in rows]
+    silent = [r["layer"] for r in rows if r.get("no_gradient")]
     out = {"model": args.model, "dataset": args.dataset or "random", "batch": args.batch,
-           "hot_config": cfg.to_dict(), "layers": rows,
+           "hot_config": cfg.to_dict(), "layers": rows, "no_gradient_layers": silent,
            "definitions": {"sqnr_db": "10 log10(|g|^2 / |g_hot - g|^2)",
                            "cosine": "<g, g_hot> / (|g| |g_hot|)",
-                           "effective_bits": "sqnr_db / 6.02"}}
+                           "effective_bits": "sqnr_db / 6.02",
+                           "no_gradient": "g_y is exactly 0: nothing to compare; the metrics "
+                                          "are null"}}
     text = render_table(["layer", "LQS", "g_x SQNR dB", "g_x cos", "g_x bits", "g_W SQNR dB",
                          "g_W cos", "g_W bits"], table)
+    if silent:
+        text += (f"\n\n{NO_GRADIENT}: no gradient reached {len(silent)} of {len(rows)} layers in "
+                 f"this backward (their g_y is exactly 0, e.g. behind a BatchNorm whose weight "
+                 f"starts at zero, as in timm's ResNets); there is nothing to compare there.")
     emit(args, out, text)
     return 0
+
+
+def _table_row(r: dict) -> list:
+    if not r["converted"]:
+        return [r["layer"], "not converted"] + [""] * 6
+    gx, gw = r["g_x"], r["g_W"]
+    if r["no_gradient"] and gx["hot_norm"] == 0 and gw["hot_norm"] == 0:
+        return [r["layer"], r["lqs"], NO_GRADIENT, "", "", NO_GRADIENT, "", ""]
+    return [r["layer"], r["lqs"], *_cells(gx), *_cells(gw)]
+
+
+def _cells(m: dict) -> list:
+    """SQNR, cosine, bits; where the exact gradient is zero, what HOT gave instead."""
+    if m["exact_zero"]:
+        return ["exact = 0", f"HOT |g| = {m['hot_norm']:.3g}", ""]
+    return [m["sqnr_db"], "n/a" if m["cosine"] is None else m["cosine"], m["effective_bits"]]
