@@ -9,6 +9,12 @@ while calibrating), the second uses the layer's decision and is the one measured
     cosine          = <g, g_hot> / (||g|| ||g_hot||)
     effective bits  = SQNR / 6.02: the width of an ideal uniform quantizer whose quantization
                       noise alone would give this SQNR (each bit adds 20 log10(2) = 6.02 dB)
+
+Where the exact gradient is exactly zero (no gradient reached the layer: its g_y is 0, as behind
+a BatchNorm whose weight starts at zero) the three are undefined and reported as None, with
+HOT's gradient norm beside them; a HOT gradient that is zero against a non-zero exact one has
+SQNR 0 dB and no cosine. NaN or Inf in either gradient raises FloatingPointError naming the
+layer and the gradient: it is never averaged away or shown as a number.
 """
 
 from __future__ import annotations
@@ -25,15 +31,23 @@ import hot
 LQS_NAMES = {-1: "undecided", 0: "per-tensor", 1: "per-token"}
 
 
-def compare(exact: torch.Tensor, approx: torch.Tensor) -> dict:
+def compare(exact: torch.Tensor, approx: torch.Tensor, what: str = "gradient") -> dict:
+    """SQNR, cosine and effective bits of ``approx`` (HOT's ``what``) against ``exact``, with
+    HOT's norm; the three are None where ``exact`` is all zero (see the module docstring)."""
     e, a = exact.double().flatten(), approx.double().flatten()
-    if not (torch.isfinite(e).all() and torch.isfinite(a).all()):
-        raise FloatingPointError("non-finite gradient: exact or HOT gradient holds NaN/Inf")
-    sig, err = float(e @ e), float((a - e) @ (a - e))
-    den = math.sqrt(sig * float(a @ a))
-    sqnr = math.inf if err == 0 else (10 * math.log10(sig / err) if sig > 0 else -math.inf)
-    return {"sqnr_db": sqnr, "cosine": float(e @ a) / den if den > 0 else float("nan"),
-            "effective_bits": sqnr / 6.02 if math.isfinite(sqnr) else sqnr}
+    if not torch.isfinite(e).all():
+        raise FloatingPointError(f"the exact {what} holds NaN/Inf")
+    if not torch.isfinite(a).all():
+        raise FloatingPointError(f"HOT's {what} holds NaN/Inf (the exact one is finite)")
+    sig, err, hot_sq = float(e @ e), float((a - e) @ (a - e)), float(a @ a)
+    out = {"sqnr_db": None, "cosine": None, "effective_bits": None, "exact_zero": sig == 0,
+           "hot_norm": math.sqrt(hot_sq)}
+    if sig == 0:
+        return out
+    sqnr = math.inf if err == 0 else 10 * math.log10(sig / err)
+    out.update(sqnr_db=sqnr, effective_bits=sqnr / 6.02,
+               cosine=float(e @ a) / math.sqrt(sig * hot_sq) if hot_sq > 0 else None)
+    return out
 
 
 def capture(model: nn.Module, loss_fn) -> dict:
@@ -61,8 +75,10 @@ def capture(model: nn.Module, loss_fn) -> dict:
     return {k: (v["x"], v["gy"]) for k, v in rec.items() if "x" in v and "gy" in v}
 
 
-def layer_fidelity(layer: nn.Module, x: torch.Tensor, gy: torch.Tensor, config, backend=None) -> dict:
-    """HOT vs exact g_x and g_W of one layer for input x and output gradient g_y."""
+def layer_fidelity(layer: nn.Module, x: torch.Tensor, gy: torch.Tensor, config,
+                   backend=None) -> dict:
+    """HOT vs exact g_x and g_W of one layer for input x and output gradient g_y;
+    ``no_gradient`` is True where g_y is all zero."""
     exact_layer = copy.deepcopy(layer)
     xe = x.clone().requires_grad_(True)
     exact_layer.zero_grad(set_to_none=True)
@@ -77,7 +93,9 @@ def layer_fidelity(layer: nn.Module, x: torch.Tensor, gy: torch.Tensor, config, 
         hl.zero_grad(set_to_none=True)
         hl(xh).backward(gy)
     return {"converted": True, "lqs": LQS_NAMES.get(int(hl.hot_lqs), str(int(hl.hot_lqs))),
-            "g_x": compare(xe.grad, xh.grad), "g_W": compare(exact_layer.weight.grad, hl.weight.grad)}
+            "no_gradient": not bool(gy.any()),
+            "g_x": compare(xe.grad, xh.grad, "g_x"),
+            "g_W": compare(exact_layer.weight.grad, hl.weight.grad, "g_W")}
 
 
 def model_fidelity(model: nn.Module, loss_fn, config, backend=None, progress=None) -> list[dict]:
@@ -90,6 +108,9 @@ def model_fidelity(model: nn.Module, loss_fn, config, backend=None, progress=Non
         mod = mods[name]
         if not mod.weight.requires_grad:
             continue
-        r = layer_fidelity(mod, x, gy, config, backend)
+        try:
+            r = layer_fidelity(mod, x, gy, config, backend)
+        except FloatingPointError as e:
+            raise FloatingPointError(f"layer {name}: {e}") from e
         rows.append({"layer": name, "shape": list(mod.weight.shape), **r})
     return rows

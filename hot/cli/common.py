@@ -1,4 +1,4 @@
-"""Shared pieces of the subcommands: HOT config options, output (table or JSON), progress bars."""
+"""Shared pieces of the subcommands: HOT config options, output (table or JSON), progress."""
 
 from __future__ import annotations
 
@@ -7,11 +7,14 @@ import json
 import math
 import os
 import sys
+import time
 from typing import Iterable, Optional
 
 import torch
 
 import hot
+
+from . import argtypes as T
 
 
 class CLIError(Exception):
@@ -22,15 +25,57 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def progress_enabled() -> bool:
+    """Whether the subcommands show progress; HOT_NO_PROGRESS=1 turns it off."""
+    return os.environ.get("HOT_NO_PROGRESS") != "1"
+
+
 def progress(it: Iterable, desc: str, total: Optional[int] = None, leave: bool = False):
-    """A tqdm bar on stderr (stdout stays clean for --json); plain iteration without tqdm."""
+    """A tqdm bar on stderr (stdout stays clean for --json). Without tqdm, plain lines on
+    stderr (PlainProgress); with progress turned off (progress_enabled), the iterable itself."""
+    if not progress_enabled():
+        return it
     try:
         from tqdm.auto import tqdm
     except ImportError:
-        return it
-    quiet = os.environ.get("HOT_NO_PROGRESS") == "1"
-    return tqdm(it, desc=desc, total=total, leave=leave, file=sys.stderr, disable=quiet,
-                dynamic_ncols=True)
+        return PlainProgress(it, desc, total)
+    return tqdm(it, desc=desc, total=total, leave=leave, file=sys.stderr, dynamic_ncols=True)
+
+
+class PlainProgress:
+    """Progress as plain lines on stderr ("desc: 40/157, loss=0.512"), for installs without
+    tqdm: a line at most every ``every_s`` seconds while iterating, and one at the end."""
+
+    def __init__(self, it: Iterable, desc: str, total: Optional[int] = None,
+                 every_s: float = 10.0):
+        self.it, self.desc, self.every_s = it, desc, every_s
+        self.total = total if total is not None else _len(it)
+        self.postfix = ""
+
+    def set_postfix(self, **kw) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in kw.items())
+
+    def _line(self, n: int) -> None:
+        of = f"/{self.total}" if self.total is not None else ""
+        log(f"{self.desc}: {n}{of}" + (f", {self.postfix}" if self.postfix else ""))
+
+    def __iter__(self):
+        n, shown, last = 0, None, time.monotonic()
+        for x in self.it:
+            yield x
+            n += 1
+            if time.monotonic() - last >= self.every_s:
+                self._line(n)
+                shown, last = n, time.monotonic()
+        if shown != n:
+            self._line(n)
+
+
+def _len(it) -> Optional[int]:
+    try:
+        return len(it)
+    except TypeError:
+        return None
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:
@@ -40,37 +85,30 @@ def add_json_flag(p: argparse.ArgumentParser) -> None:
 
 def add_hot_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("HOT configuration (defaults: the paper's setting)")
-    g.add_argument("--hq-bits", type=_bits, default=4, metavar="{4,8,none}",
+    g.add_argument("--hq-bits", type=T.bits, default=4, metavar="{4,8,none}",
                    help="g_x path operand width (default 4)")
     g.add_argument("--gy-scale", choices=("auto", "token", "tensor"), default="auto",
                    help="g_y scaling on the g_x path; auto = LQS picks per layer")
-    g.add_argument("--hla-rank", type=int, default=8, choices=(1, 2, 4, 8, 16),
+    g.add_argument("--hla-rank", type=T.hla_rank, default=8, metavar="{1,2,4,8,16}",
                    help="Walsh coefficients kept per block of 16 token rows (default 8)")
     g.add_argument("--hla-selection", choices=("lowpass", "lp_l1"), default="lowpass",
                    help="which coefficients HLA keeps (default lowpass)")
     g.add_argument("--hla-blocking", choices=("flat", "sequence"), default="flat",
                    help="token blocks over the flattened axis or inside each sequence")
-    g.add_argument("--hla-bits", type=_bits, default=8, metavar="{4,8,none}",
+    g.add_argument("--hla-bits", type=T.bits, default=8, metavar="{4,8,none}",
                    help="g_W path operand width (default 8)")
     g.add_argument("--abc", choices=("save", "recompute", "auto"), default="auto",
                    help="what the forward keeps for g_W: the int8 codes (save, paper) or x, "
                         "with the codes formed in backward (recompute), or recompute where x is "
                         "kept anyway (auto)")
-    g.add_argument("--lqs-ratio", type=float, default=0.5, help="LQS threshold (default 0.5)")
-    g.add_argument("--exact-steps", type=int, default=0, help="exact warm-up backward steps")
-    g.add_argument("--int8-steps", type=int, default=0,
+    g.add_argument("--lqs-ratio", type=T.unit_fraction, default=0.5,
+                   help="LQS threshold, in (0, 1] (default 0.5)")
+    g.add_argument("--exact-steps", type=T.nonnegative_int, default=0,
+                   help="exact warm-up backward steps")
+    g.add_argument("--int8-steps", type=T.nonnegative_int, default=0,
                    help="steps with the g_x path at 8 bits after the warm-up")
     g.add_argument("--backend", choices=("auto", "reference", "fast"), default=None,
                    help="HOT backend (default: $HOT_BACKEND, else auto)")
-
-
-def _bits(v: str):
-    if v.lower() in ("none", "off", "0"):
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bits must be 4, 8 or none, got {v!r}")
 
 
 def hot_config(args) -> hot.HOTConfig:
@@ -83,12 +121,30 @@ def hot_config(args) -> hot.HOTConfig:
 
 
 def device_from(name: Optional[str]) -> torch.device:
+    """--device: auto (CUDA where visible, else CPU), cpu, or cuda[:N] of a visible GPU."""
     if name in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise CLIError(f"--device {name}: no CUDA GPU is visible here; use --device cpu.")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise CLIError(f"--device {name}: not a device name; use auto, cpu or cuda[:N].")
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise CLIError(f"--device {name}: no CUDA GPU is visible here; use --device cpu.")
+        if dev.index is not None and dev.index >= n:
+            raise CLIError(f"--device {name}: only {n} CUDA GPU(s) are visible (cuda:0 to "
+                           f"cuda:{n - 1}); pick one of them.")
+    elif dev.type != "cpu":
+        raise CLIError(f"--device {name}: the hot command runs on cpu or cuda; use one of them.")
     return dev
+
+
+def check_backend(args, device: torch.device) -> None:
+    """--backend fast needs a CUDA device: say so before anything is built."""
+    if getattr(args, "backend", None) == "fast" and device.type != "cuda":
+        raise CLIError(f"--backend fast: the fast kernels run on CUDA GPUs and the device is "
+                       f"{device}; use --backend reference (or auto) here.")
 
 
 def fmt_bytes(n) -> str:

@@ -9,9 +9,11 @@ import time
 
 from ..data import load_dataset
 from ..models import build_model
+from . import argtypes as T
 from . import plots
-from .common import (add_hot_args, add_json_flag, device_from, emit, fmt_bytes, hot_config, log,
-                     render_table)
+from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
+                     fmt_bytes, hot_config, log, render_table)
+from .outputs import add_overwrite_flag, claim, write_text
 from .trainer import RunSpec, train_run
 
 # Sized so that FP32 + HOT (reference backend) + 6 evaluations + plot finish in under 5 minutes
@@ -34,21 +36,21 @@ def add_parser(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--smoke", action="store_true",
                    help=f"tiny run for CI (seconds): {SMOKE}")
-    p.add_argument("--train-size", type=int, help=f"training images (default {DEFAULTS['train_size']})")
-    p.add_argument("--test-size", type=int, help=f"test images (default {DEFAULTS['test_size']})")
-    p.add_argument("--epochs", type=int, help=f"epochs (default {DEFAULTS['epochs']})")
-    p.add_argument("--batch-size", type=int, help=f"batch size (default {DEFAULTS['batch_size']})")
-    p.add_argument("--dim", type=int, help=f"ViT width (default {DEFAULTS['dim']})")
-    p.add_argument("--depth", type=int, help=f"ViT blocks (default {DEFAULTS['depth']})")
-    p.add_argument("--patch", type=int, help=f"ViT patch size (default {DEFAULTS['patch']})")
-    p.add_argument("--lr", type=float, default=1e-3)
+    for flag, what in (("--train-size", "training images"), ("--test-size", "test images"),
+                       ("--epochs", "epochs"), ("--batch-size", "batch size"),
+                       ("--dim", "ViT width"), ("--depth", "ViT blocks"),
+                       ("--patch", "ViT patch size")):
+        key = flag[2:].replace("-", "_")
+        p.add_argument(flag, type=T.positive_int, help=f"{what} (default {DEFAULTS[key]})")
+    p.add_argument("--lr", type=T.positive_float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--methods", default=None,
+    p.add_argument("--methods", type=T.method_list, default=None,
                    help="comma-separated methods (default: fp32,hot; on a GPU fp32,bf16,hot)")
     p.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "mnist-5k"))
     p.add_argument("--data-root", default=None, help="folder with the Fashion-MNIST IDX .gz files")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--out", default="hot_demo_out", help="folder for the PNG and metrics.json")
+    add_overwrite_flag(p)
     add_hot_args(p)
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -60,11 +62,20 @@ def run(args) -> int:
         if getattr(args, k, None) is not None:
             cfg[k] = getattr(args, k)
     device = device_from(args.device)
-    methods = (args.methods.split(",") if args.methods else
-               (["fp32", "bf16", "hot"] if device.type == "cuda" else ["fp32", "hot"]))
+    check_backend(args, device)
+    methods = args.methods or (["fp32", "bf16", "hot"] if device.type == "cuda" else
+                               ["fp32", "hot"])
+    out = pathlib.Path(args.out)
+    claim(out, ["metrics.json", "curves.png"], args.overwrite)
     t_start = time.perf_counter()
     data = load_dataset(args.dataset, args.data_root, train_size=cfg["train_size"],
                         test_size=cfg["test_size"], seed=args.seed, fallback=True)
+    side = data.shape[-1]
+    if side % cfg["patch"]:
+        fits = [d for d in range(1, side + 1) if side % d == 0]
+        raise CLIError(f"--patch {cfg['patch']}: the patch size must divide the {side}-pixel "
+                       f"side of the {data.name} images; give one of "
+                       f"{', '.join(map(str, fits))}.")
     log(f"demo: {data.name}, {len(data.y_train)} training / {len(data.y_test)} test images, "
         f"{cfg['epochs']} epoch(s), batch {cfg['batch_size']}, ViT dim {cfg['dim']} depth "
         f"{cfg['depth']}, on {device}; methods {', '.join(methods)}")
@@ -79,9 +90,7 @@ def run(args) -> int:
         r = train_run(builder, data, spec, device)
         r.pop("model")
         runs.append(r)
-    out = pathlib.Path(args.out)
-    png = plots.curves(runs, out / "curves.png",
-                       f"TinyViT on {data.name}: {len(data.y_train)} images x {cfg['epochs']} epoch(s)")
+    png = str(out / "curves.png") if plots.available() else None
     base = runs[0]
     rows, summary = [], []
     for r in runs:
@@ -96,8 +105,10 @@ def run(args) -> int:
     result = {"dataset": data.name, "data_note": data.note, "device": str(device),
               "config": cfg, "seed": args.seed, "runs": summary, "plot": png,
               "wall_time_s": time.perf_counter() - t_start}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(result, indent=1, default=str))
+    # The metrics first: a figure that fails to draw must not cost the results.
+    write_text(out / "metrics.json", json.dumps(result, indent=1, default=str))
+    plots.curves(runs, out / "curves.png", f"TinyViT on {data.name}: {len(data.y_train)} "
+                 f"images x {cfg['epochs']} epoch(s)")
     table = render_table(["method", "test acc %", f"vs {base['label']}", "ms/step", "peak memory",
                           "saved by linears", f"{base['label']}/method"], rows)
     note = ("peak memory: " + ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
@@ -107,7 +118,8 @@ def run(args) -> int:
                       "saved by linears: bytes autograd keeps for backward inside nn.Linear "
                       "layers at one step (batch %d), parameters excluded" % cfg["batch_size"],
                       (f"data: {data.note}" if data.note else ""),
-                      f"curves: {png}    metrics: {out / 'metrics.json'}    "
+                      f"curves: {png or 'not drawn (no matplotlib)'}    "
+                      f"metrics: {out / 'metrics.json'}    "
                       f"wall time: {result['wall_time_s']:.0f} s"])
     emit(args, result, text)
     return 0

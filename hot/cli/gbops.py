@@ -8,6 +8,7 @@ import torch
 
 from ..analysis import gbops as G
 from ..analysis.shapes import layer_shapes
+from . import argtypes as T
 from .common import add_json_flag, emit, render_table
 from .modelargs import add_model_args, build_for_analysis
 from .trainer import logits_of
@@ -25,9 +26,11 @@ def add_parser(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_args(p)
     p.set_defaults(batch=1)
-    p.add_argument("--rank", type=int, default=8, help="HLA rank r (n = 16)")
+    p.add_argument("--rank", type=T.hla_rank, default=8, metavar="{1,2,4,8,16}",
+                   help="HLA rank r (n = 16)")
     p.add_argument("--convention", choices=G.CONVENTIONS, default="table5")
-    p.add_argument("--top", type=int, default=0, help="show only the N costliest layers (0 = all)")
+    p.add_argument("--top", type=T.nonnegative_int, default=0,
+                   help="show only the N costliest layers (0 = all)")
     add_json_flag(p)
     p.set_defaults(func=run)
 

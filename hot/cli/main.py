@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Optional
 
 from . import bench, demo, gbops, inspect, memory, train
-from .common import CLIError
+from .errors import (EXIT_ERROR, EXIT_INTERRUPTED, UsageError, debug_enabled, describe,
+                     print_traceback, report)
 
 EPILOG = """examples:
   hot demo                                  FP32 vs HOT on Fashion-MNIST, about 3 min on 2 CPU cores
@@ -18,11 +18,24 @@ EPILOG = """examples:
   hot gbops vit_base_patch16_224 --classes 100
   hot inspect tiny-vit --dataset mnist-5k
 Every subcommand accepts --json. Nothing is downloaded: data and weights come from installed
-packages or local paths (docs/cli.md)."""
+packages or local paths (docs/cli.md). Errors exit with status 2 and one line on stderr;
+--debug (or HOT_DEBUG=1) also prints the traceback."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors reach main() as UsageError (one line, exit status 2)
+    instead of a usage block and SystemExit; its subparsers are Parsers too."""
+
+    def error(self, message: str):
+        # Messages of hot.cli.argtypes are sentences that say what to give; argparse's own
+        # (an unknown option, a missing value) do not, so they point to --help.
+        if not message.endswith(".") and "choose from" not in message:
+            message += f"; see `{self.prog} --help`."
+        raise UsageError(self.prog, message)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="hot", description="HOT (Hadamard-based Optimized Training): see it train, "
         "measure its memory, count its operations and inspect its gradients.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,30 +45,39 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for mod in (demo, train, memory, gbops, inspect, bench):
         mod.add_parser(sub)
+    for q in [p, *sub.choices.values()]:
+        q.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="on an error, print the traceback before the one-line message "
+                            "(also HOT_DEBUG=1)")
     return p
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    from ..common.backend import BackendUnavailableError
-    from ..common.config import HOTConfigError
-    from ..data.base import DataUnavailableError
-    from ..models.registry import ModelError
-    from ..nn.modules import HOTLayerError
-
+    """Run one subcommand; returns the exit status (0, 2 on any error, 130 on Ctrl-C)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own = argv[: argv.index("--")] if "--" in argv else argv  # after `--`: bench's arguments
+    as_json, debug = "--json" in own, debug_enabled(own)
+    prog = "hot"
     try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        prog = f"hot {args.command}" if args.command else "hot"
+        if extra:
+            raise UsageError(prog, f"unrecognized arguments: {' '.join(extra)}; see "
+                                   f"`{prog} --help`.")
+        if not args.command:
+            parser.print_help()
+            return EXIT_ERROR
         return int(args.func(args) or 0)
-    except (CLIError, DataUnavailableError, ModelError, HOTConfigError, HOTLayerError,
-            BackendUnavailableError, FloatingPointError, ValueError) as e:
-        msg = str(e)
-        if getattr(args, "json", False):
-            print(json.dumps({"error": msg, "type": type(e).__name__}))
-        print(f"hot {args.command}: error: {msg}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        return report(prog, "interrupted.", as_json=as_json, kind="KeyboardInterrupt",
+                      status=EXIT_INTERRUPTED)
+    except UsageError as e:
+        return report(e.prog, str(e), as_json=as_json, kind="UsageError")
+    except Exception as e:
+        if debug:
+            print_traceback()
+        return report(prog, describe(e), as_json=as_json, kind=type(e).__name__)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,13 @@ import torch.nn.functional as F
 from ..analysis import memory as M
 from ..analysis.saved import OTHER, SavedTensorMeter
 from ..analysis.shapes import layer_shapes
+from . import argtypes as T
 from . import plots
-from .common import (add_hot_args, add_json_flag, device_from, emit, fmt_bytes, hot_config,
-                     progress, render_table)
+from .common import (add_hot_args, add_json_flag, check_backend, device_from, emit, fmt_bytes,
+                     hot_config, progress, render_table)
 from .methods import METHODS
 from .modelargs import add_model_args, build_for_analysis
+from .outputs import add_overwrite_flag, claim
 from .trainer import logits_of
 
 
@@ -26,13 +28,16 @@ def add_parser(sub) -> None:
         description="Run one real forward/backward per method and measure, with saved-tensor "
         "hooks, the bytes autograd keeps for backward in every Linear/Conv2d (parameters "
         "excluded, each storage once), next to the analytic model: weights, gradients, AdamW "
-        "state and saved layer inputs. Writes a bar chart PNG.",
+        "state and saved layer inputs. It leads with the totals against the exact baselines "
+        "and says when a HOT method keeps more than one of them. Writes a bar chart PNG.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_args(p)
-    p.add_argument("--methods", default="fp32,bf16,hot", help="comma-separated methods")
+    p.add_argument("--methods", type=T.method_list, default="fp32,bf16,hot",
+                   help=f"comma-separated methods: {', '.join(METHODS)}")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--out", default="hot_memory_out", help="folder for memory.png")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    add_overwrite_flag(p)
     add_hot_args(p)
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -40,7 +45,11 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     device = device_from(args.device)
+    check_backend(args, device)
     cfg = hot_config(args)
+    png = pathlib.Path(args.out) / "memory.png"
+    if not args.no_plot:
+        claim(png.parent, [png.name], args.overwrite)
     built, shape, make = build_for_analysis(args)
     base = built.model
     x, y = make(device, torch.Generator().manual_seed(0))
@@ -48,10 +57,7 @@ def run(args) -> int:
     shapes = layer_shapes(base, lambda m: logits_of(m, x))
     names = list(dict.fromkeys(s.name for s in shapes))
     state = M.state_bytes(base)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"--methods: unknown method {m!r}; choose from {sorted(METHODS)}")
+    methods = args.methods
     results = {}
     for name in progress(methods, "memory: forward/backward per method"):
         method = METHODS[name]
@@ -73,26 +79,85 @@ def run(args) -> int:
                 if name in ("fp32", "bf16", "hot", "hot-bf16") else None
         an_act = sum(v for v in analytic.values() if v is not None)
         results[name] = {
-            "measured_saved_linear": meter.layer_total, "measured_saved_other": meter.by_layer.get(OTHER, 0),
+            "measured_saved_linear": meter.layer_total,
+            "measured_saved_other": meter.by_layer.get(OTHER, 0),
             "measured_saved_total": meter.total,
             "peak_forward_backward_bytes": peak,
             "analytic": {"weights": state["weights"], "gradients": state["gradients"],
                          "optimizer": state["optimizer"], "activations_linear": an_act,
-                         "total": state["weights"] + state["gradients"] + state["optimizer"] + an_act},
+                         "total": (state["weights"] + state["gradients"] + state["optimizer"]
+                                   + an_act)},
             "layers": {n: {"measured": meter.by_layer.get(n, 0), "analytic": analytic.get(n),
                            "dtypes": sorted(meter.dtypes.get(n, ()))} for n in names},
         }
         del model, loss
+    comparison, verdict = compare_totals(results)
     out = {"model": args.model, "batch": args.batch, "input_shape": shape, "device": str(device),
            "hot_config": cfg.to_dict(), "params": state["params"],
            "trainable_params": state["trainable_params"], "methods": results,
+           "comparison": comparison, "summary": verdict,
            "notes": "measured = bytes autograd saved for backward (saved-tensor hooks, each "
-                    "storage once, parameters excluded); analytic activations = saved inputs of "
-                    "Linear/Conv2d layers only (see hot.analysis.memory)"}
+                    "storage once, parameters excluded; a storage both a layer and another op "
+                    "keep is charged to the layer, so where HOT's layer keeps a compressed copy "
+                    "instead, that storage moves to other ops); analytic activations = saved "
+                    "inputs of Linear/Conv2d layers only (see hot.analysis.memory)"}
     if not args.no_plot:
         out["plot"] = plots.memory_bars(
             names, {m: [results[m]["layers"][n]["measured"] for n in names] for m in methods},
-            pathlib.Path(args.out) / "memory.png", f"{args.model}, batch {args.batch}")
+            png, f"{args.model}, batch {args.batch}")
+    emit(args, out, _text(out, methods, names))
+    return 0
+
+
+def compare_totals(results: dict) -> tuple[dict, list[str]]:
+    """Every method's measured saved-for-backward total as a ratio of each exact baseline's
+    (the methods without HOT), and one sentence per HOT method that says how it compares,
+    plainly so where it keeps more than a baseline."""
+    baselines = [m for m in results if METHODS[m].prepare is None]
+    total = {m: r["measured_saved_total"] for m, r in results.items()}
+    comparison = {m: {b: total[m] / total[b] for b in baselines if total[b]} for m in results}
+    verdict = []
+    for m in (m for m in results if METHODS[m].prepare is not None):
+        if not baselines:
+            verdict.append(f"{m} keeps {fmt_bytes(total[m])} for backward; no exact baseline "
+                           f"was measured (add fp32 or bf16 to --methods to compare).")
+            continue
+        parts = [f"{comparison[m][b]:.2f}x {b}'s {fmt_bytes(total[b])} "
+                 f"({_pct(total[m], total[b])})" for b in baselines if b in comparison[m]]
+        verdict.append(f"{m} keeps {fmt_bytes(total[m])} for backward in all: "
+                       + ", ".join(parts) + ".")
+        for b in (b for b in baselines if total[m] > total[b]):
+            r, rb = results[m], results[b]
+            verdict.append(
+                f"So {m} keeps MORE than {b}: it compresses only what Linear/Conv layers save "
+                f"({fmt_bytes(r['measured_saved_linear'])} against {b}'s "
+                f"{fmt_bytes(rb['measured_saved_linear'])}), and the other ops (attention, norms, "
+                f"activations) keep {fmt_bytes(r['measured_saved_other'])} against {b}'s "
+                f"{fmt_bytes(rb['measured_saved_other'])}."
+                + (" hot-bf16 (HOT under bf16 autocast) keeps both savings: add it to "
+                   "--methods to measure it."
+                   if m == "hot" and b == "bf16" and "hot-bf16" not in results else ""))
+    return comparison, verdict
+
+
+def _pct(x: float, ref: float) -> str:
+    if x == ref:
+        return "the same"
+    return f"{abs(x - ref) / ref:.0%} " + ("less" if x < ref else "MORE")
+
+
+def _text(out: dict, methods: list[str], names: list[str]) -> str:
+    results, comparison = out["methods"], out["comparison"]
+    baselines = [m for m in methods if METHODS[m].prepare is None]
+    summ = [[m, fmt_bytes(r["measured_saved_total"]),
+             *[f"{comparison[m][b]:.2f}x" if b in comparison[m] else "n/a" for b in baselines],
+             fmt_bytes(r["measured_saved_linear"]), fmt_bytes(r["measured_saved_other"]),
+             fmt_bytes(r["analytic"]["weights"] + r["analytic"]["gradients"]
+                       + r["analytic"]["optimizer"]),
+             fmt_bytes(r["peak_forward_backward_bytes"])] for m, r in results.items()]
+    lead = render_table(["method", "saved for backward", *[f"vs {b}" for b in baselines],
+                         "in Linear/Conv", "in other ops", "weights+grads+AdamW",
+                         "GPU peak fwd+bwd"], summ)
     rows = []
     for n in names:
         row = [n]
@@ -106,14 +171,7 @@ def run(args) -> int:
                 fmt_bytes(results[m]["analytic"]["activations_linear"])]
     rows.append(tot)
     hdr = ["layer"] + [f"{m} {k}" for m in methods for k in ("measured", "model")]
-    summ = [[m, fmt_bytes(r["measured_saved_linear"]), fmt_bytes(r["measured_saved_other"]),
-             fmt_bytes(r["measured_saved_total"]), fmt_bytes(r["analytic"]["weights"]),
-             fmt_bytes(r["analytic"]["gradients"]), fmt_bytes(r["analytic"]["optimizer"]),
-             fmt_bytes(r["analytic"]["total"]), fmt_bytes(r["peak_forward_backward_bytes"])]
-            for m, r in results.items()]
-    text = (render_table(hdr, rows) + "\n\n" + render_table(
-        ["method", "saved: linears", "saved: other", "saved: all", "weights", "grads", "AdamW",
-         "model total", "GPU peak fwd+bwd"], summ)
-        + f"\n\n{out['notes']}." + (f"\nplot: {out['plot']}" if "plot" in out else ""))
-    emit(args, out, text)
-    return 0
+    return "\n".join([
+        f"{out['model']}, batch {out['batch']}, one training step on {out['device']}:", "",
+        lead, "", *out["summary"], "", "Per layer:", render_table(hdr, rows), "",
+        f"{out['notes']}."] + ([f"plot: {out['plot']}"] if out.get("plot") else []))

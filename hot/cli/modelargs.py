@@ -1,43 +1,82 @@
-"""Model options shared by memory, gbops and inspect: the spec, classes, and a synthetic batch."""
+"""Model options shared by memory, gbops and inspect (the spec, classes, a synthetic batch), and
+the checks that a model spec fits its input, made before anything is built."""
 
 from __future__ import annotations
+
+import pathlib
+from typing import Optional
 
 import torch
 
 from ..models import build_model, describe_model_spec
+from . import argtypes as T
 from .common import CLIError
 
+TINY_VIT_PATCH, TINY_VIT_HEADS = 4, 4  # what build_model gives tiny-vit unless told otherwise
 
-def add_model_args(p, default_shape: str = None) -> None:
+
+def add_model_args(p) -> None:
     p.add_argument("model", nargs="?", default="tiny-vit", help=describe_model_spec())
-    p.add_argument("--batch", type=int, default=8, help="batch size N")
-    p.add_argument("--input-shape", default=default_shape,
+    p.add_argument("--batch", type=T.positive_int, default=8, help="batch size N")
+    p.add_argument("--input-shape", type=T.image_shape, default=None,
                    help="C,H,W of one image (default 1,28,28 for tiny-vit, 3,224,224 for timm)")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per text example (HF models)")
-    p.add_argument("--classes", type=int, default=10, help="classifier outputs")
-    p.add_argument("--vit-dim", type=int, default=128, help="tiny-vit width")
-    p.add_argument("--vit-depth", type=int, default=6, help="tiny-vit blocks")
+    p.add_argument("--seq-len", type=T.positive_int, default=128,
+                   help="tokens per text example (HF models)")
+    p.add_argument("--classes", type=T.positive_int, default=10, help="classifier outputs")
+    p.add_argument("--vit-dim", type=T.positive_int, default=128,
+                   help="tiny-vit width (a multiple of its 4 heads)")
+    p.add_argument("--vit-depth", type=T.positive_int, default=6, help="tiny-vit blocks")
 
 
-def parse_shape(s: str) -> tuple:
-    try:
-        t = tuple(int(v) for v in s.replace("x", ",").split(","))
-    except ValueError:
-        t = ()
-    if len(t) != 3 or min(t) <= 0:
-        raise CLIError(f"--input-shape {s!r}: give C,H,W of one image, e.g. 3,224,224.")
-    return t
+def model_kind(spec: str) -> str:
+    """'text' for minilm and HuggingFace directories, else 'image' (tiny-vit, timm names)."""
+    return "text" if spec == "minilm" or pathlib.Path(spec).is_dir() else "image"
 
 
-def build_for_analysis(args):
-    """(built model, input shape or None, make_batch(device) -> (x, y))."""
-    shape = None
+def check_fits(spec: str, model_flag: str, data) -> None:
+    """CLIError unless the model spec and the loaded dataset are both text or both images."""
+    if model_kind(spec) != data.kind:
+        raise CLIError(f"{model_flag} {spec} and --dataset {data.name} do not fit together: "
+                       f"text datasets need a HuggingFace text model (e.g. minilm), image "
+                       f"datasets an image model (tiny-vit or a timm name).")
+
+
+def check_tiny_vit(shape: tuple, dim: int, size_flag: str) -> None:
+    """CLIError unless tiny-vit can be built for images of ``shape`` (C, H, W) and width
+    ``dim``; ``size_flag`` names the option that set the image size, for the message."""
+    _, h, w = shape
+    if h != w:
+        raise CLIError(f"{size_flag}: tiny-vit needs square images, got {h}x{w}; give equal "
+                       f"height and width.")
+    if h % TINY_VIT_PATCH:
+        up = h + TINY_VIT_PATCH - h % TINY_VIT_PATCH
+        raise CLIError(f"{size_flag}: tiny-vit cuts {TINY_VIT_PATCH}x{TINY_VIT_PATCH} patches, "
+                       f"so the image side must be a multiple of {TINY_VIT_PATCH}, not {h}; "
+                       f"e.g. {up}.")
+    if dim % TINY_VIT_HEADS:
+        up = dim + TINY_VIT_HEADS - dim % TINY_VIT_HEADS
+        raise CLIError(f"--vit-dim {dim}: tiny-vit has {TINY_VIT_HEADS} attention heads, so its "
+                       f"width must be a multiple of {TINY_VIT_HEADS}; e.g. {up}.")
+
+
+def analysis_shape(args) -> Optional[tuple]:
+    """The image shape memory, gbops and inspect use: --input-shape, else 1,28,28 for
+    tiny-vit and 3,224,224 for timm; None for text models."""
+    if model_kind(args.model) == "text":
+        return None
     if args.input_shape:
-        shape = parse_shape(args.input_shape)
-    elif args.model == "tiny-vit":
-        shape = (1, 28, 28)
-    elif args.model != "minilm":
-        shape = (3, 224, 224)
+        return tuple(args.input_shape)
+    return (1, 28, 28) if args.model == "tiny-vit" else (3, 224, 224)
+
+
+def build_for_analysis(args, shape: Optional[tuple] = None):
+    """(built model, input shape or None, make_batch(device, generator) -> (x, y)).
+    ``shape`` overrides analysis_shape(args) (inspect takes it from its dataset)."""
+    shape = shape or analysis_shape(args)
+    if args.model == "tiny-vit":
+        flag = ("--input-shape " + ",".join(map(str, args.input_shape)) if args.input_shape
+                else f"the {shape[1]}x{shape[2]} images")
+        check_tiny_vit(shape, args.vit_dim, flag)
     built = build_model(args.model, classes=args.classes, input_shape=shape,
                         vit_dim=args.vit_dim, vit_depth=args.vit_depth)
     if built.kind == "text":

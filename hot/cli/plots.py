@@ -1,22 +1,47 @@
-"""PNG figures (matplotlib, Agg backend: no display needed)."""
+"""PNG figures (matplotlib, Agg backend: no display needed).
+
+matplotlib comes with the cli extra; without it every figure is skipped with a one-line note
+on stderr and its function returns None, so a run's other results are still written.
+"""
 
 from __future__ import annotations
 
 import pathlib
+from typing import Optional
+
+from .common import log
+from .outputs import atomic
 
 
-def _plt():
-    import matplotlib
+def available() -> bool:
+    """Whether matplotlib can be imported (figures are drawn)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _plt(path: pathlib.Path):
+    """matplotlib.pyplot, or None (after a note naming ``path``) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log(f"note: {path} not drawn: matplotlib is not installed (pip install matplotlib, "
+            f"or install hot with its cli extra).")
+        return None
     return plt
 
 
-def curves(runs: list[dict], path: pathlib.Path, title: str) -> str:
-    """Training loss per step (moving average over 20 steps) and test accuracy per epoch."""
-    plt = _plt()
+def curves(runs: list[dict], path: pathlib.Path, title: str) -> Optional[str]:
+    """Training loss per step (moving average over 20 steps) and test accuracy per epoch;
+    returns the PNG's path, or None without matplotlib."""
+    plt = _plt(path)
+    if plt is None:
+        return None
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for r in runs:
         loss = r["history"]["step_loss"]
@@ -34,16 +59,17 @@ def curves(runs: list[dict], path: pathlib.Path, title: str) -> str:
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
     return str(path)
 
 
 def memory_bars(layers: list[str], series: dict[str, list[float]], path: pathlib.Path,
-                title: str) -> str:
-    """Grouped horizontal bars: saved bytes (MiB) per layer for each method."""
-    plt = _plt()
+                title: str) -> Optional[str]:
+    """Grouped horizontal bars: saved bytes (MiB) per layer for each method; returns the PNG's
+    path, or None without matplotlib."""
+    plt = _plt(path)
+    if plt is None:
+        return None
     n, m = len(layers), len(series)
     fig, ax = plt.subplots(figsize=(9, max(3, 0.28 * n * max(1, m / 2) + 1.5)))
     h = 0.8 / max(1, m)
@@ -55,7 +81,12 @@ def memory_bars(layers: list[str], series: dict[str, list[float]], path: pathlib
     ax.grid(axis="x", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
     return str(path)
+
+
+def _save(plt, fig, path: pathlib.Path) -> None:
+    try:
+        atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import pathlib
 import time
+from typing import Optional
+
+import hot
 
 from ..data import DATASETS, load_dataset
 from ..models import build_model, describe_model_spec
+from . import argtypes as T
 from . import plots
-from .common import (CLIError, add_hot_args, add_json_flag, device_from, emit, fmt_bytes,
-                     hot_config, render_table)
+from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
+                     fmt_bytes, hot_config, render_table)
 from .methods import METHODS
-from .trainer import RunSpec, train_run
+from .modelargs import check_fits, check_tiny_vit
+from .outputs import add_overwrite_flag, claim, write_text
+from .trainer import (RunSpec, checkpoint_complete, epoch_checkpoint, read_checkpoint,
+                      train_run)
 
 
 def add_parser(sub) -> None:
@@ -23,7 +31,8 @@ def add_parser(sub) -> None:
         description="Train a model on a dataset with one method and write metrics.json, "
         "metrics.csv, checkpoint.pt and curves.png into the output folder. Resuming "
         "(--resume) restores weights, optimizer, schedule and HOT's step counters and LQS "
-        "decisions.",
+        "decisions. Results an earlier run left in the folder are never replaced without "
+        "--overwrite, and the folder is created only when the first checkpoint is written.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="tiny-vit", help=describe_model_spec())
     p.add_argument("--dataset", default="fashion-mnist", choices=sorted(DATASETS),
@@ -32,28 +41,38 @@ def add_parser(sub) -> None:
                    "or Fashion-MNIST elsewhere)")
     p.add_argument("--method", default="hot", choices=sorted(METHODS),
                    help="; ".join(f"{k}: {m.help}" for k, m in METHODS.items()))
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=None, help="default 1e-3, or 5e-5 for text models")
-    p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--epochs", type=T.positive_int, default=1)
+    p.add_argument("--lr", type=T.positive_float, default=None,
+                   help="default 1e-3, or 5e-5 for text models")
+    p.add_argument("--weight-decay", type=T.nonnegative_float, default=0.05)
+    p.add_argument("--batch-size", type=T.positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train-size", type=int, default=None, help="fixed random training subset")
-    p.add_argument("--test-size", type=int, default=None, help="fixed random test subset")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after N steps (smoke runs)")
-    p.add_argument("--image-size", type=int, default=None, help="resize images to this square size")
-    p.add_argument("--max-len", type=int, default=64, help="tokens per text example")
-    p.add_argument("--lora-r", type=int, default=0, help="LoRA rank via peft (0 = full training); "
-                   "HOT then applies only to the frozen base layers")
-    p.add_argument("--lora-alpha", type=int, default=16)
-    p.add_argument("--vit-dim", type=int, default=128)
-    p.add_argument("--vit-depth", type=int, default=6)
+    p.add_argument("--train-size", type=T.positive_int, default=None,
+                   help="fixed random training subset")
+    p.add_argument("--test-size", type=T.positive_int, default=None,
+                   help="fixed random test subset")
+    p.add_argument("--max-steps", type=T.positive_int, default=None,
+                   help="stop after N steps (smoke runs)")
+    p.add_argument("--image-size", type=T.positive_int, default=None,
+                   help="resize images to this square size")
+    p.add_argument("--max-len", type=T.positive_int, default=64, help="tokens per text example")
+    p.add_argument("--lora-r", type=T.nonnegative_int, default=0,
+                   help="LoRA rank via peft (0 = full training); HOT then applies only to the "
+                        "frozen base layers")
+    p.add_argument("--lora-alpha", type=T.positive_int, default=16)
+    p.add_argument("--vit-dim", type=T.positive_int, default=128,
+                   help="tiny-vit width (a multiple of its 4 heads)")
+    p.add_argument("--vit-depth", type=T.positive_int, default=6, help="tiny-vit blocks")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
-    p.add_argument("--out", default=None, help="output folder (default runs/<model>-<dataset>-<method>)")
+    p.add_argument("--out", default=None,
+                   help="output folder (default runs/<model>-<dataset>-<method>)")
     p.add_argument("--resume", default=None, help="checkpoint.pt to continue from (with the "
-                   "same --epochs, so that the learning-rate schedule is the same)")
+                   "same --epochs, so that the learning-rate schedule is the same); a finished "
+                   "run is left as it is")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="also keep checkpoint-epoch<N>.pt after every epoch")
     p.add_argument("--no-plot", action="store_true")
+    add_overwrite_flag(p)
     add_hot_args(p)
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -61,56 +80,100 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     device = device_from(args.device)
-    data = load_dataset(args.dataset, args.data_root, train_size=args.train_size,
-                        test_size=args.test_size, seed=args.seed, image_size=args.image_size or 32)
-    shape = None
-    if data.kind == "image":
-        shape = data.shape if not args.image_size else (data.shape[0], args.image_size, args.image_size)
-    text_model = args.model == "minilm" or pathlib.Path(args.model).is_dir()
-    if (data.kind == "text") != text_model:
-        raise CLIError(f"--model {args.model} and --dataset {args.dataset} do not fit together: "
-                       f"text datasets need a HuggingFace text model (e.g. --model minilm), "
-                       f"image datasets an image model (tiny-vit or a timm name).")
-    lr = args.lr if args.lr is not None else (5e-5 if data.kind == "text" else 1e-3)
+    check_backend(args, device)
+    cfg = hot_config(args)
+    ck = read_checkpoint(args.resume) if args.resume else None
+    if ck is not None and checkpoint_complete(ck, args.epochs, args.max_steps):
+        return _already_complete(args, ck)
     name = f"{pathlib.Path(args.model).name}-{args.dataset}-{args.method}"
     out = pathlib.Path(args.out or pathlib.Path("runs") / name)
-    out.mkdir(parents=True, exist_ok=True)
+    _claim_outputs(args, out, ck)
+    data = load_dataset(args.dataset, args.data_root, train_size=args.train_size,
+                        test_size=args.test_size, seed=args.seed, image_size=args.image_size or 32)
+    check_fits(args.model, "--model", data)
+    shape = None
+    if data.kind == "image":
+        shape = (data.shape if not args.image_size else
+                 (data.shape[0], args.image_size, args.image_size))
+        if args.model == "tiny-vit":
+            check_tiny_vit(shape, args.vit_dim, f"--image-size {args.image_size}" if args.image_size
+                           else f"--dataset {args.dataset} (pass --image-size)")
+    lr = args.lr if args.lr is not None else (5e-5 if data.kind == "text" else 1e-3)
     builder = lambda: build_model(args.model, classes=data.classes, input_shape=shape,
                                   vit_dim=args.vit_dim, vit_depth=args.vit_depth)
     spec = RunSpec(method=args.method, epochs=args.epochs, lr=lr, weight_decay=args.weight_decay,
-                   batch_size=args.batch_size, seed=args.seed, hot_config=hot_config(args),
+                   batch_size=args.batch_size, seed=args.seed, hot_config=cfg,
                    backend=args.backend, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
                    max_len=args.max_len, image_size=args.image_size, max_steps=args.max_steps,
-                   checkpoint=str(out / "checkpoint.pt"), resume=args.resume,
+                   checkpoint=str(out / "checkpoint.pt"), resume=args.resume, resume_state=ck,
                    keep_checkpoints=args.keep_checkpoints)
     t0 = time.perf_counter()
     r = train_run(builder, data, spec, device, label=args.method)
     model = r.pop("model")
-    lqs = {n: int(m.hot_lqs) for n, m in _hot_layers(model)}
-    hot_steps = {n: int(m.hot_step) for n, m in _hot_layers(model)}
+    layers = hot.hot_layers(model)
+    png = out / "curves.png"
     result = {"model": args.model, "dataset": data.name, "data_note": data.note,
               "train_examples": len(data.y_train) if data.kind == "image" else len(data.train),
               "test_examples": len(data.y_test) if data.kind == "image" else len(data.test),
-              "lr": lr, "lora_r": args.lora_r, "hot_config": spec.hot_config.to_dict(),
-              "lqs": lqs, "hot_steps": hot_steps, "out": str(out), "wall_time_s": time.perf_counter() - t0, **r}
-    (out / "metrics.json").write_text(json.dumps(result, indent=1, default=str))
-    with open(out / "metrics.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["epoch", "step", "train_loss", "test_acc"])
-        w.writeheader()
-        w.writerows(r["history"]["epochs"])
+              "lr": lr, "lora_r": args.lora_r, "hot_config": cfg.to_dict(),
+              "lqs": {n: int(m.hot_lqs) for n, m in layers},
+              "hot_steps": {n: int(m.hot_step) for n, m in layers}, "out": str(out),
+              "wall_time_s": time.perf_counter() - t0,
+              "plot": str(png) if not args.no_plot and plots.available() else None, **r}
+    # The metrics first: a figure that fails to draw must not cost the results.
+    write_text(out / "metrics.json", json.dumps(result, indent=1, default=str))
+    write_text(out / "metrics.csv", _csv(r["history"]["epochs"]))
     if not args.no_plot:
-        result["plot"] = plots.curves([r], out / "curves.png", f"{name}")
-    text = render_table(["method", "test acc %", "steps", "ms/step", "peak memory", "saved by linears"],
+        plots.curves([r], png, name)
+    text = render_table(["method", "test acc %", "steps", "ms/step", "peak memory",
+                         "saved by linears"],
                         [[args.method, f"{100 * r['test_acc']:.2f}", r["steps"],
-                          f"{1000 * r['time_per_step_s']:.0f}", fmt_bytes(r["peak_memory_bytes"]),
-                          fmt_bytes(r["saved_bytes_linear"])]])
-    text += f"\n\noutputs in {out}/ (metrics.json, metrics.csv, checkpoint.pt" + \
-            (", curves.png)" if not args.no_plot else ")")
+                          f"{1000 * r['time_per_step_s']:.0f}",
+                          fmt_bytes(r["peak_memory_bytes"]), fmt_bytes(r["saved_bytes_linear"])]])
+    files = ["metrics.json", "metrics.csv", "checkpoint.pt"] + (["curves.png"] if result["plot"]
+                                                                else [])
+    text += f"\n\noutputs in {out}/ ({', '.join(files)})"
     emit(args, result, text)
     return 0
 
 
-def _hot_layers(model):
-    import hot
+def _claim_outputs(args, out: pathlib.Path, ck: Optional[dict]) -> None:
+    """Stop before any work if the run would replace results in ``out`` (see outputs.claim);
+    the checkpoint being resumed may be replaced, since the run continues it."""
+    if (not args.resume and not args.overwrite and (out / "checkpoint.pt").exists()
+            and not (out / "metrics.json").exists()):
+        raise CLIError(f"--out {out} holds the checkpoint.pt of a run that did not finish; "
+                       f"continue it with --resume {out / 'checkpoint.pt'}, or give another "
+                       f"--out folder, or --overwrite to start over.")
+    start = ck["epoch"] + 1 if ck is not None else 0
+    names = ["metrics.json", "metrics.csv", "checkpoint.pt"]
+    names += [] if args.no_plot else ["curves.png"]
+    if args.keep_checkpoints:
+        names += [epoch_checkpoint("checkpoint.pt", e).name
+                  for e in range(start + 1, args.epochs + 1)]
+    claim(out, names, args.overwrite, keep=[args.resume] if args.resume else [])
 
-    return hot.hot_layers(model)
+
+def _already_complete(args, ck: dict) -> int:
+    """A --resume of a finished run: say so and write nothing (exit status 0)."""
+    epochs = ck["history"].get("epochs") or []
+    acc = epochs[-1]["test_acc"] if epochs else None
+    result = {"status": "already complete", "resume": args.resume, "written": [],
+              "epochs_done": ck["epoch"] + 1, "steps": ck["step"], "test_acc": acc,
+              "history": ck["history"]}
+    limit = (f"--max-steps {args.max_steps}" if args.max_steps is not None
+             and ck["step"] >= args.max_steps else f"--epochs {args.epochs}")
+    text = (f"nothing to train: {args.resume} is already complete for {limit} (epoch "
+            f"{ck['epoch'] + 1}, step {ck['step']}"
+            + (f", test accuracy {100 * acc:.2f}%" if acc is not None else "")
+            + "); nothing was written.")
+    emit(args, result, text)
+    return 0
+
+
+def _csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["epoch", "step", "train_loss", "test_acc"])
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()

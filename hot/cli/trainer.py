@@ -23,7 +23,9 @@ import hot
 from ..analysis.memory import state_bytes
 from ..analysis.saved import SavedTensorMeter
 from ..data.base import ImageData, TextData
-from .common import log, progress
+from . import outputs
+from .common import CLIError, log, progress
+from .errors import one_line
 from .methods import METHODS
 
 
@@ -46,7 +48,51 @@ class RunSpec:
     checkpoint: Optional[str] = None  # path to write after every epoch
     keep_checkpoints: bool = False  # also keep <checkpoint stem>-epoch<N>.pt for every epoch
     resume: Optional[str] = None
+    resume_state: Optional[dict] = None  # the checkpoint at ``resume``, if already read
     extra: dict = field(default_factory=dict)
+
+
+CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "epoch", "step", "history", "rng")
+
+
+def read_checkpoint(path: str) -> dict:
+    """The checkpoint that ``hot train`` wrote at ``path`` (for --resume), loaded on the CPU
+    with torch.load(weights_only=True): tensors and plain data only, no code runs. CLIError
+    when the file is missing, unreadable, or not a hot train checkpoint."""
+    fix = "give the checkpoint.pt that an earlier `hot train` wrote."
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise CLIError(f"--resume {path}: no such file; {fix}")
+    try:
+        ck = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CLIError(f"--resume {path}: torch.load cannot read it as a checkpoint of tensors "
+                       f"and plain data ({type(e).__name__}); {fix}") from e
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(ck, dict) or k not in ck]
+    if missing:
+        raise CLIError(f"--resume {path}: not a hot train checkpoint (no "
+                       f"{', '.join(missing)}); {fix}")
+    return ck
+
+
+def checkpoint_complete(ck: dict, epochs: int, max_steps: Optional[int]) -> bool:
+    """Whether the run that wrote ``ck`` already did all ``epochs`` (or ``max_steps``)."""
+    return ck["epoch"] + 1 >= epochs or (max_steps is not None and ck["step"] >= max_steps)
+
+
+def _restore(ck: dict, path: str, method: str, model, opt, sched) -> None:
+    if ck.get("method", method) != method:
+        raise CLIError(f"--resume {path} was written with --method {ck['method']}; continue it "
+                       f"with --method {ck['method']}.")
+    try:
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        sched.load_state_dict(ck["scheduler"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CLIError(f"--resume {path}: its state does not fit this model "
+                       f"({one_line(str(e))[:300]}); resume with the --model, --vit-dim, "
+                       f"--vit-depth, --lora-r and --method of the run that wrote it.") from e
+    torch.set_rng_state(ck["rng"])
 
 
 class Batches:
@@ -184,12 +230,9 @@ def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
     history = {"step_loss": [], "epochs": []}
     start_epoch, step = 0, 0
     if spec.resume:
-        ck = torch.load(spec.resume, map_location=device, weights_only=False)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        sched.load_state_dict(ck["scheduler"])
+        ck = spec.resume_state if spec.resume_state is not None else read_checkpoint(spec.resume)
+        _restore(ck, spec.resume, spec.method, model, opt, sched)
         start_epoch, step, history = ck["epoch"] + 1, ck["step"], ck["history"]
-        torch.set_rng_state(ck["rng"])
         log(f"[{label}] resumed from {spec.resume} at epoch {start_epoch}, step {step}")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -216,8 +259,9 @@ def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
             step_times.append(time.perf_counter() - t0)
             lv = float(loss.detach())
             if not math.isfinite(lv):
-                raise FloatingPointError(f"[{label}] loss is {lv} at step {step}: training diverged "
-                                         f"(try a lower --lr, or --exact-steps for a warm-up).")
+                raise FloatingPointError(f"[{label}] loss is {lv} at step {step}: training "
+                                         f"diverged (try a lower --lr, or --exact-steps for a "
+                                         f"warm-up).")
             history["step_loss"].append(lv)
             step += 1
             if hasattr(bar, "set_postfix"):
@@ -228,14 +272,13 @@ def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
         log(f"[{label}] epoch {epoch + 1}: test accuracy {100 * acc:.2f}%")
         if spec.checkpoint:
             state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                        "scheduler": sched.state_dict(), "epoch": epoch, "step": step,
+                     "scheduler": sched.state_dict(), "epoch": epoch, "step": step,
                      "history": history, "rng": torch.get_rng_state(),
-                     "method": spec.method,
+                     "method": spec.method, "epochs": spec.epochs, "max_steps": spec.max_steps,
                      "hot_config": (spec.hot_config or hot.HOTConfig()).to_dict()}
-            torch.save(state, spec.checkpoint)
+            outputs.save(state, spec.checkpoint)
             if spec.keep_checkpoints:
-                p = pathlib.Path(spec.checkpoint)
-                torch.save(state, p.with_name(f"{p.stem}-epoch{epoch + 1}{p.suffix}"))
+                outputs.save(state, epoch_checkpoint(spec.checkpoint, epoch + 1))
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     mem = measure_saved(model, train_b, method, device, spec.batch_size)
     st = state_bytes(model)
@@ -258,9 +301,16 @@ def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
     if result["hot_backend"]:
         log(f"[{label}] HOT backend: {result['hot_backend']}")
     if peak is None:
-        result["peak_memory_bytes"] = st["weights"] + st["gradients"] + st["optimizer"] + mem["total"]
+        result["peak_memory_bytes"] = (st["weights"] + st["gradients"] + st["optimizer"]
+                                       + mem["total"])
     result["model"] = model
     return result
+
+
+def epoch_checkpoint(checkpoint: str, epoch: int) -> pathlib.Path:
+    """Where --keep-checkpoints keeps the checkpoint after ``epoch`` (1-based)."""
+    p = pathlib.Path(checkpoint)
+    return p.with_name(f"{p.stem}-epoch{epoch}{p.suffix}")
 
 
 def measure_saved(model, batches: Batches, method, device, bs: int) -> dict:

@@ -22,3 +22,16 @@ def run_cli():
         return rc, json.loads(text)
 
     return run
+
+
+@pytest.fixture
+def run_text():
+    """Run `hot ARGS` in-process; returns (exit status, stdout, stderr) as text."""
+
+    def run(*args):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main([*map(str, args)])
+        return rc, out.getvalue(), err.getvalue()
+
+    return run

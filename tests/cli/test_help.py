@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,11 +10,18 @@ from hot.cli.main import build_parser
 COMMANDS = ("demo", "train", "memory", "gbops", "inspect", "bench")
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 def test_console_script_help():
     exe = Path(sys.executable).with_name("hot")
     if not exe.exists():
         pytest.skip("the hot console script is not installed in this environment")
-    r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    # The installed entry point, importing this checkout's hot (an editable install of another
+    # checkout would otherwise be tested).
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60,
+                       env=env)
     assert r.returncode == 0, r.stderr
     for c in COMMANDS:
         assert c in r.stdout

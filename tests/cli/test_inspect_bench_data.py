@@ -83,3 +83,65 @@ def test_bundled_datasets_have_the_documented_sizes():
     t = load_dataset("rotten-tomatoes")
     assert len(t.train) + len(t.test) > 12000
     assert not {s for s, _ in t.train} & {s for s, _ in t.test}  # deduplicated before the split
+
+
+class _Gated(torch.nn.Module):
+    """`a` reaches the loss only through a gate that starts at zero (like a BatchNorm weight
+    that starts at zero), so no gradient reaches it; `b` gets a normal one."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Linear(16, 4)
+        self.gate = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        return self.b(x) + self.gate * self.a(x)[:, :4]
+
+
+def test_fidelity_reports_no_gradient_instead_of_inf_and_nan():
+    import hot
+    from hot.analysis.fidelity import model_fidelity
+
+    m, x = _Gated(), torch.randn(32, 16)
+    y = torch.randint(0, 4, (32,))
+    rows = {r["layer"]: r for r in model_fidelity(
+        m, lambda mod: torch.nn.functional.cross_entropy(mod(x), y), hot.HOTConfig())}
+    a, b = rows["a"], rows["b"]
+    assert a["no_gradient"] and not b["no_gradient"]
+    for path in ("g_x", "g_W"):
+        assert a[path]["exact_zero"] and a[path]["hot_norm"] == 0.0
+        assert a[path]["sqnr_db"] is None and a[path]["cosine"] is None
+        assert b[path]["sqnr_db"] > 0 and 0 < b[path]["cosine"] <= 1
+
+
+def test_fidelity_never_hides_a_nan():
+    import hot
+    from hot.analysis.fidelity import compare, model_fidelity
+
+    with pytest.raises(FloatingPointError, match="HOT's g_W holds NaN"):
+        compare(torch.ones(4), torch.tensor([1.0, float("nan"), 1.0, 1.0]), "g_W")
+    m, x = _Gated(), torch.randn(32, 16)
+    x[3, 5] = float("nan")  # g_y = 1 everywhere is finite; g_W = g_y^T x is not
+    with pytest.raises(FloatingPointError, match="layer b: the exact g_W holds NaN"):
+        model_fidelity(m, lambda mod: mod(x).sum(), hot.HOTConfig())
+
+
+def test_inspect_says_no_gradient_reached_a_layer(run_cli, run_text):
+    pytest.importorskip("timm")
+    # timm's ResNets start every residual branch's last BatchNorm weight at zero, so at
+    # initialisation no gradient reaches the convolutions inside the branches.
+    args = ["inspect", "resnet18", "--input-shape", "3,32,32", "--batch", 2, "--device", "cpu"]
+    rc, d = run_cli(*args)
+    assert rc == 0
+    silent = set(d["no_gradient_layers"])
+    assert "layer1.0.conv1" in silent and "fc" not in silent and "conv1" not in silent
+    for r in d["layers"]:
+        assert r["no_gradient"] == (r["layer"] in silent)
+        if r["no_gradient"]:
+            assert r["g_x"]["sqnr_db"] is None and r["g_W"]["cosine"] is None
+    rc, out, _ = run_text(*args)
+    rows = [ln for ln in out.splitlines() if ln.startswith("layer1.0.conv1 ")]
+    assert len(rows) == 1 and "no gradient" in rows[0]
+    assert " nan" not in out and " inf" not in out
+    assert f"no gradient reached {len(silent)} of {len(d['layers'])} layers" in out

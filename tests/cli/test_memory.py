@@ -80,3 +80,49 @@ def test_conv_abc_keeps_im2col_rows_so_3x3_saves_more_than_fp32():
     assert m32.by_layer["0"] == 4 * b * c * h * h  # fp32 keeps x itself
     assert mh.by_layer["0"] == math.ceil(L / 16) * 8 * i + 4 * i  # int8 HLA rows of the patches
     assert mh.by_layer["0"] > m32.by_layer["0"]  # 9/8 of fp32 plus the scales
+
+
+def test_memory_leads_with_totals_and_says_when_hot_keeps_more(run_cli, run_text, tmp_path):
+    args = ["memory", "tiny-vit", "--batch", 4, "--vit-dim", 32, "--vit-depth", 1,
+            "--methods", "fp32,bf16,hot", "--device", "cpu", "--no-plot"]
+    rc, d = run_cli(*args)
+    assert rc == 0
+    tot = {m: r["measured_saved_total"] for m, r in d["methods"].items()}
+    for m in tot:
+        for b in ("fp32", "bf16"):
+            assert d["comparison"][m][b] == tot[m] / tot[b]
+    # At this size the other ops (fp32 under HOT, bf16 under autocast) outweigh HOT's
+    # compressed layer inputs: HOT keeps more than bf16 in all, less than fp32.
+    assert tot["fp32"] > tot["hot"] > tot["bf16"]
+    more = [s for s in d["summary"] if "MORE than" in s]
+    assert len(more) == 1 and more[0].startswith("So hot keeps MORE than bf16")
+    rc, out, _ = run_text(*args)
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[2].split()[:3] == ["method", "saved", "for"]  # the totals table comes first
+    assert out.index("hot keeps MORE than bf16") < out.index("Per layer:")
+    more_pct, less_pct = tot["hot"] / tot["bf16"] - 1, 1 - tot["hot"] / tot["fp32"]
+    assert f"({more_pct:.0%} MORE)" in out and f"({less_pct:.0%} less)" in out
+
+
+def test_compare_totals_says_more_only_where_hot_keeps_more():
+    from hot.cli.memory import compare_totals
+
+    def r(linear, other):
+        return {"measured_saved_linear": linear, "measured_saved_other": other,
+                "measured_saved_total": linear + other}
+
+    res = {"fp32": r(400, 600), "bf16": r(200, 300), "hot": r(50, 400)}
+    comparison, summary = compare_totals(res)
+    assert comparison["hot"] == {"fp32": 0.45, "bf16": 0.9}
+    assert summary == ["hot keeps 450 B for backward in all: 0.45x fp32's 1000 B (55% less), "
+                       "0.90x bf16's 500 B (10% less)."]
+    res["hot"] = r(50, 550)
+    _, summary = compare_totals(res)
+    assert len(summary) == 2 and "1.20x bf16's 500 B (20% MORE)" in summary[0]
+    assert summary[1].startswith("So hot keeps MORE than bf16: it compresses only what "
+                                 "Linear/Conv layers save (50 B against bf16's 200 B), and the "
+                                 "other ops (attention, norms, activations) keep 550 B against "
+                                 "bf16's 300 B.")
+    _, summary = compare_totals({"hot": r(50, 550)})
+    assert "no exact baseline was measured" in summary[0]

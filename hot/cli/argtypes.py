@@ -1,0 +1,117 @@
+"""argparse ``type=`` functions: every numeric option is checked when the command line is parsed,
+before anything is loaded, trained or written.
+
+argparse prefixes each message with the option ("argument --epochs: ..."), so a message here
+says what the value is and what to give instead. Messages are full sentences ending in a period;
+hot.cli.main relies on that to tell them from argparse's own messages, which get a pointer to
+--help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from ..common.config import VALID_RANKS
+from .methods import METHODS
+
+
+def _int(v: str) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a whole number; give one, e.g. 8.")
+
+
+def _float(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number; give one, e.g. 0.001.")
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"{v!r} is not a finite number; give one, e.g. 0.001.")
+    return x
+
+
+def positive_int(v: str) -> int:
+    """An integer of 1 or more (sizes, counts, epochs)."""
+    n = _int(v)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is below 1; give 1 or more.")
+    return n
+
+
+def nonnegative_int(v: str) -> int:
+    """An integer of 0 or more (0 = off: warm-up steps, LoRA rank, --top)."""
+    n = _int(v)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative; give 0 or more.")
+    return n
+
+
+def positive_float(v: str) -> float:
+    """A finite number above 0 (learning rate)."""
+    x = _float(v)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"{v} is not above 0; give a number above 0, "
+                                         f"e.g. 0.001.")
+    return x
+
+
+def nonnegative_float(v: str) -> float:
+    """A finite number of 0 or more (weight decay)."""
+    x = _float(v)
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"{v} is negative; give 0 or more.")
+    return x
+
+
+def unit_fraction(v: str) -> float:
+    """A number in (0, 1] (the LQS ratio)."""
+    x = _float(v)
+    if not 0 < x <= 1:
+        raise argparse.ArgumentTypeError(f"{v} is outside (0, 1]; give a number above 0 and at "
+                                         f"most 1, e.g. 0.5.")
+    return x
+
+
+def hla_rank(v: str) -> int:
+    """One of the HLA ranks HOT supports (rows kept of every 16-point Walsh block)."""
+    n = _int(v)
+    if n not in VALID_RANKS:
+        raise argparse.ArgumentTypeError(
+            f"{n} is not a supported rank; give one of {', '.join(map(str, VALID_RANKS))} "
+            f"(Walsh rows kept of every 16; 16 = no low rank).")
+    return n
+
+
+def bits(v: str):
+    """4 or 8 (operand width), or none/off/0 for no quantization on that path."""
+    if v.lower() in ("none", "off", "0"):
+        return None
+    if v not in ("4", "8"):
+        raise argparse.ArgumentTypeError(f"{v!r} is not a supported width; give 4, 8 or none.")
+    return int(v)
+
+
+def image_shape(v: str) -> tuple[int, int, int]:
+    """C,H,W of one image (also CxHxW), each 1 or more."""
+    try:
+        t = tuple(int(x) for x in v.replace("x", ",").split(","))
+    except ValueError:
+        t = ()
+    if len(t) != 3 or min(t) < 1:
+        raise argparse.ArgumentTypeError(f"{v!r} is not C,H,W of one image; give three "
+                                         f"positive sizes, e.g. 3,224,224.")
+    return t
+
+
+def method_list(v: str) -> list[str]:
+    """Comma-separated names of hot.cli.methods.METHODS, at least one, each once."""
+    names = [m.strip() for m in v.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown or not names:
+        what = f"unknown method {unknown[0]!r}" if unknown else f"no method in {v!r}"
+        raise argparse.ArgumentTypeError(
+            f"{what}; give a comma-separated list of {', '.join(sorted(METHODS))}.")
+    return list(dict.fromkeys(names))
+
