@@ -8,7 +8,7 @@ import json
 import pathlib
 import time
 
-from ..data import DATASETS, load_dataset
+from ..data import DATASETS, LM_DATASETS, load_dataset
 from ..models import build_model, describe_model_spec
 from . import plots
 from .common import (CLIError, add_hot_args, add_json_flag, device_from, emit, fmt_bytes,
@@ -60,6 +60,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    if args.dataset in LM_DATASETS:
+        from .lmtrain import run_lm
+
+        return run_lm(args)
     device = device_from(args.device)
     data = load_dataset(args.dataset, args.data_root, train_size=args.train_size,
                         test_size=args.test_size, seed=args.seed, image_size=args.image_size or 32)
