@@ -466,6 +466,10 @@ def main(argv=None) -> int:
     if a.json and os.path.exists(a.json):
         p.error(f"--json {a.json} exists: pass a new path (results are never overwritten).")
     batch = a.batch or DEFAULT_BATCH[a.model]
+    try:
+        _workload(a.model, batch, a.seq, a.device)  # bad arguments fail once, not per mode
+    except ModeError as e:
+        p.error(str(e))
     modes = (a.modes or DEFAULT_MODES["llama" if a.model.startswith("llama") else a.model])
     kw = dict(warmup=a.warmup, steps=a.steps, profile=a.profile, model=a.model, seq=a.seq,
               device=a.device, exclude_head=a.exclude_head)

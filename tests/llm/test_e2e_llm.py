@@ -63,6 +63,9 @@ def test_failing_modes_are_recorded_and_the_run_goes_on(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:  # never overwrites earlier results
         e2e.main(["--model", "llama-tiny", "--json", str(out)])
     assert e.value.code == 2 and "exists" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        e2e.main(["--model", "vit-b", "--seq", "16"])
+    assert e.value.code == 2 and "--seq 16" in capsys.readouterr().err
 
 
 def test_find_batch_halves_until_a_batch_fits():
