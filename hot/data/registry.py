@@ -48,7 +48,7 @@ def load_dataset(name: str, root: Optional[str] = None, *, train_size: Optional[
     elif name == "rotten-tomatoes":
         data = text.rotten_tomatoes(seed=0)
     elif name == "rotten-tomatoes-lm":
-        data = lm.rotten_tomatoes_lm()
+        data = lm.rotten_tomatoes_lm(root)
     elif name in ("foolbox-cifar10", "foolbox-cifar100"):
         data = images.foolbox_cifar(int(name.removeprefix("foolbox-cifar")))
     elif name in ("cifar10", "cifar100"):

@@ -12,7 +12,8 @@ pytest.importorskip("transformers")
 
 from hot.cli.lmtrain import perplexity
 from hot.data import LM_DATASETS, load_dataset
-from hot.data.lm import IGNORE, TokenBatches, rotten_tomatoes_lm
+from hot.data import DataUnavailableError
+from hot.data.lm import IGNORE, TokenBatches, export_lm_files, rotten_tomatoes_lm
 
 PAD = 0
 
@@ -82,3 +83,16 @@ def test_rotten_tomatoes_lm_split_is_fixed_and_disjoint():
     assert all(x[i, v.lengths[i] - 1] == sep for i in range(8))
     assert "rotten-tomatoes-lm" in LM_DATASETS
     assert load_dataset("rotten-tomatoes-lm", train_size=10, test_size=5).kind == "lm"
+
+
+def test_exported_files_give_the_same_data_without_the_wheels(tmp_path):
+    d = rotten_tomatoes_lm()
+    root = export_lm_files(tmp_path / "rt")
+    e = rotten_tomatoes_lm(str(root))
+    assert e.train == d.train and e.test == d.test and e.vocab == d.vocab
+    assert torch.equal(e.encode("test", 64).ids, d.encode("test", 64).ids)
+    assert load_dataset("rotten-tomatoes-lm", str(root)).test == d.test
+    with pytest.raises(FileExistsError, match="not empty"):  # never overwrites
+        export_lm_files(root)
+    with pytest.raises(DataUnavailableError, match="export_lm_files"):
+        rotten_tomatoes_lm(str(tmp_path))
