@@ -1,49 +1,344 @@
-"""One ViT-B/16 training step (timm vit_base_patch16_224, random init, batch 128, bf16 autocast
-forward, cross-entropy, backward, fused AdamW): HOT (fast backend) against plain bf16 autocast,
-each with and without torch.compile. Median step time over timed steps after warm-up (CUDA
-events) and peak allocated memory.
+"""One training step of a whole model, HOT against bf16 autocast and torchao float8, each eager or
+compiled: median step time over timed steps after warm-up (CUDA events), the fastest step,
+peak allocated memory and the loss of every step.
 
-    python -m hot.bench.e2e [--modes bf16,bf16_compile,hot,hot_compile,hot_ref,hot_exact,
-                                     bf16_compile_ro,hot_compile_ro,bf16_compile_rc,
-                                     hot_compile_rc] [--json out.json]
-                            [--profile]
+    python -m hot.bench.e2e [--model vit-b|llama-1b|llama-tiny] [--modes M1,M2,...]
+                            [--batch N] [--seq S] [--steps 10] [--warmup 3] [--device cuda|cpu]
+                            [--find-batch] [--in-process] [--exclude-head] [--profile]
+                            [--json out.json]
 
-*_compile_ro compiles with mode="reduce-overhead" (CUDA graphs, HOT's ops outside them).
-*_compile_rc compiles with torch._functorch.config.ban_recompute_materialized_backward = False
-(the partitioner may recompute tensors that backward materializes); hot_compile_rc also sets
-HLAConfig(abc="recompute"), so the HOT layers keep nothing of their own.
-hot_ref runs HOT on the reference backend inside quant.hash_rng() (the fast kernels' random
-stream, so it is the same computation up to rare flipped codes); hot_exact runs the HOT layers
-with HOTConfig.exact() (exact gradients through the same wrappers). Every mode records the loss of
-every step (the same 2 alternating fixed batches), to tell HOT's noise from a fast-path bug.
+Models (random init, nothing downloaded): ``vit-b`` (default) is timm's vit_base_patch16_224,
+1000 classes, on random 224x224 images, batch 128; ``llama-1b`` and ``llama-tiny`` are the
+decoders of hot.models.llama (``llama-tiny`` with a 32000-token vocabulary here) trained as causal
+LMs on random token sequences of ``--seq`` tokens (default: the preset's), the loss computed
+inside the compiled region. Every step: bf16 autocast forward, loss, backward, fused AdamW
+(lr 1e-4). The steps alternate between 2 fixed batches, so step i's loss is comparable across
+modes; modes that share the forward (bf16, hot) give the same first loss.
+
+Mode = method + compilation:
+  method  bf16       exact, plain nn.Linear
+          hot        HOT (HOTConfig(seed=0)) on every Linear, fast backend (reference on CPU)
+          hot_ref    HOT on the reference backend inside quant.hash_rng() (the fast kernels'
+                     random stream: the same computation up to rare flipped codes)
+          hot_exact  the HOT wrappers with HOTConfig.exact() (exact gradients)
+          float8_tw  torchao convert_to_float8_training, recipe 'tensorwise' (the output layer
+                     stays exact; emulated on CPU)
+          float8_rw  the same with recipe 'rowwise'
+  suffix  (none)        eager
+          _compile      torch.compile
+          _compile_cg   torch.compile(mode="reduce-overhead"): CUDA graphs, HOT's operators
+                        captured with the rest (their seeds follow the step counters in device
+                        memory); _compile_ro is the same
+          _compile_rc   torch.compile with torch._functorch.config
+                        .ban_recompute_materialized_backward = False (the partitioner may recompute
+                        tensors that backward materializes); HOT methods then also use
+                        HLAConfig(abc="recompute")
+Defaults: vit-b bf16,bf16_compile,hot,hot_compile; the decoders bf16,bf16_compile,hot,
+hot_compile,hot_compile_cg,float8_tw_compile,float8_rw_compile.
+
+Each mode runs in a fresh process (this module with --in-process --modes MODE), because
+torch.compile's caches and the allocator's fragmentation would otherwise carry from one mode to
+the next; --in-process runs them all here. A mode that fails records its error and the others
+still run. --find-batch: a mode that runs out of memory is retried at half the batch until it
+fits (each record says the batch it ran and the batches that did not fit); compare such modes by
+tokens (or images) per second.
+
+Default batch of llama-1b (seq 2048): 16, estimated, not measured, as the largest that fits
+bf16 + torch.compile on an 80 GB H100 (about 79 GiB usable):
+  - fixed: fp32 weights, gradients and the two AdamW moments, 16 bytes x 1.138e9 = 17.0 GiB,
+    plus the bf16 weight copies the forward keeps for backward, 2.1 GiB: about 19 GiB;
+  - kept per token and layer (h = 2048, k/v width 1024, FFN f = 8192): the fp32 residual stream
+    into both RMSNorms (2 x 4h bytes), the bf16 normed inputs of q/k/v and gate/up (2 x 2h), q,
+    k and v after the rotary embedding (2h + 2 x 2 x 1024), the attention output (2h), and the
+    gate and up outputs (2 x 2f; SiLU(gate) * up recomputed, else 2f more): 68 to 84 KiB, so
+    1.06 to 1.31 MiB per token over 16 layers;
+  - the output layer per token: bf16 logits (2 x 32000 bytes) and, at the start of backward,
+    their fp32 and bf16 gradients (6 x 32000): about 0.25 MiB;
+  - so 1.31 to 1.56 MiB per token: 16 x 2048 tokens take 42 to 50 GiB, 61 to 69 GiB in all;
+    24 sequences would take 82 to 94 GiB. Pass --batch to override, --find-batch to search.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import gc
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
+METHODS = ("bf16", "hot", "hot_ref", "hot_exact", "float8_tw", "float8_rw")
+SUFFIXES = ("", "_compile", "_compile_cg", "_compile_ro", "_compile_rc")
+MODELS = ("vit-b", "llama-1b", "llama-tiny")
+DEFAULT_MODES = {
+    "vit-b": "bf16,bf16_compile,hot,hot_compile",
+    "llama": "bf16,bf16_compile,hot,hot_compile,hot_compile_cg,float8_tw_compile,"
+             "float8_rw_compile",
+}
+DEFAULT_BATCH = {"vit-b": 128, "llama-1b": 16, "llama-tiny": 2}
+BENCH_VOCAB = 32000  # llama-tiny's vocabulary here (the preset takes it from a tokenizer)
+FLOAT8_RECIPES = {"float8_tw": "tensorwise", "float8_rw": "rowwise"}
 
-def _model(mode: str):
-    import timm
 
-    torch.manual_seed(0)
-    m = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=1000).cuda()
-    if mode.startswith("hot"):
+class ModeError(ValueError):
+    """A mode name that is not METHOD + SUFFIX, or a mode that cannot run on this device."""
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A parsed mode name: method (METHODS), compile (None, 'default' or 'reduce-overhead') and
+    recompute (the _compile_rc partitioner flag and, for HOT, abc='recompute')."""
+
+    name: str
+    method: str
+    compile: Optional[str]
+    recompute: bool
+
+    @property
+    def hot(self) -> bool:
+        return self.method.startswith("hot")
+
+
+def parse_mode(name: str) -> Mode:
+    """The Mode of ``name`` = one of METHODS followed by one of SUFFIXES; ModeError otherwise."""
+    for suffix in sorted(SUFFIXES, key=len, reverse=True):
+        method = name[: len(name) - len(suffix)] if suffix else name
+        if name.endswith(suffix) and method in METHODS:
+            comp = {"": None, "_compile": "default", "_compile_rc": "default"}.get(
+                suffix, "reduce-overhead")
+            return Mode(name, method, comp, suffix == "_compile_rc")
+    raise ModeError(f"mode {name!r} is not METHOD[SUFFIX] with METHOD in {list(METHODS)} and "
+                    f"SUFFIX in {[s for s in SUFFIXES if s]} (or none), e.g. hot_compile.")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one step trains: ``model`` (MODELS), ``batch`` sequences or images, ``seq`` tokens
+    per sequence (decoders only) on ``device``."""
+
+    model: str = "vit-b"
+    batch: int = 128
+    seq: Optional[int] = None
+    device: str = "cuda"
+    vocab: int = BENCH_VOCAB
+
+    @property
+    def llm(self) -> bool:
+        return self.model.startswith("llama")
+
+    @property
+    def head(self) -> str:
+        """The output layer's name (kept exact by the float8 modes, and by --exclude-head)."""
+        return "lm_head" if self.llm else "head"
+
+    def build(self) -> nn.Module:
+        torch.manual_seed(0)  # the same initial weights in every mode
+        if self.llm:
+            from ..models.llama import LLAMA_PRESETS, llama_preset
+
+            vocab = LLAMA_PRESETS[self.model]["vocab"] or self.vocab
+            return llama_preset(self.model, vocab=vocab, seq=self.seq, device=self.device)
+        import timm
+
+        return timm.create_model("vit_base_patch16_224", pretrained=False,
+                                 num_classes=1000).to(self.device)
+
+    def batches(self, model: nn.Module) -> list:
+        """2 fixed batches (inputs, targets), the same in every mode."""
+        g = torch.Generator().manual_seed(1)
+        out = []
+        for _ in range(2):
+            if self.llm:
+                vocab = model.config.vocab_size
+                ids = torch.randint(0, vocab, (self.batch, self.seq), generator=g)
+                # next-token targets; the last position has none (ignore_index)
+                tgt = torch.cat([ids[:, 1:], torch.full((self.batch, 1), -100)], dim=1)
+                out.append((ids.to(self.device), tgt.to(self.device)))
+            else:
+                x = torch.randn(self.batch, 3, 224, 224, generator=g)
+                y = torch.randint(0, 1000, (self.batch,), generator=g)
+                out.append((x.to(self.device), y.to(self.device)))
+        return out
+
+    def loss_fn(self, model: nn.Module, compile_kw: Optional[dict]) -> Callable:
+        """(inputs, targets) -> loss; compiled with ``compile_kw`` unless None. A decoder's
+        loss is compiled with it (the fp32 logits of a 32k vocabulary are its largest tensors);
+        ViT-B compiles the model alone."""
+        if self.llm:
+            def loss(ids, tgt):
+                logits = model(input_ids=ids).logits
+                return F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())
+            return loss if compile_kw is None else torch.compile(loss, **compile_kw)
+        fwd = model if compile_kw is None else torch.compile(model, **compile_kw)
+        return lambda x, y: F.cross_entropy(fwd(x), y)
+
+    def items(self) -> int:
+        """Tokens (decoders) or images (ViT-B) in one step."""
+        return self.batch * (self.seq if self.llm else 1)
+
+
+def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool) -> dict:
+    """Convert ``m`` for ``mode`` in place; returns facts for the record."""
+    dev = torch.device(w.device)
+    if mode.hot:
         import hot
 
-        cfg = hot.HOTConfig.exact() if mode.startswith("hot_exact") else hot.HOTConfig(seed=0)
-        if mode.endswith("_rc"):
+        cfg = hot.HOTConfig.exact() if mode.method == "hot_exact" else hot.HOTConfig(seed=0)
+        if mode.recompute:
             cfg = cfg.replace(hla={"abc": "recompute"})
-        hot.convert(m, cfg, backend="reference" if mode.startswith("hot_ref") else "fast")
-    return m
+        backend = "reference" if mode.method == "hot_ref" or dev.type != "cuda" else "fast"
+        filt = (lambda fqn, _: fqn != w.head) if exclude_head else None
+        hot.convert(m, cfg, filter=filt, backend=backend)
+        return {"hot_backend": backend, "hot_layers": len(hot.hot_layers(m))}
+    if mode.method in FLOAT8_RECIPES:
+        try:
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        except ImportError as e:
+            raise ModeError(f"mode {mode.name!r} needs torchao: pip install torchao "
+                            f"(0.17 for torch 2.11)") from e
+        from torchao.float8.float8_linear import Float8Linear
+
+        cfg = Float8LinearConfig.from_recipe_name(FLOAT8_RECIPES[mode.method])
+        if dev.type != "cuda":
+            # float8 matmuls (torch._scaled_mm) need an sm89+ GPU; elsewhere torchao emulates
+            # them, which checks the conversion but times nothing meaningful.
+            cfg = dataclasses.replace(cfg, emulate=True)
+        convert_to_float8_training(m, config=cfg, module_filter_fn=lambda _, fqn: fqn != w.head)
+        return {"float8_layers": sum(isinstance(x, Float8Linear) for x in m.modules()),
+                "float8_emulated": cfg.emulate}
+    return {}
+
+
+def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
+              profile: bool = False, *, model: str = "vit-b", seq: Optional[int] = None,
+              device: str = "cuda", exclude_head: bool = False) -> dict:
+    """Train ``warmup`` + ``steps`` steps of ``model`` in ``mode`` (see the module docstring);
+    the record of the timed steps. Raises on failure (run_mode turns that into a record)."""
+    md = parse_mode(mode)
+    w = _workload(model, batch, seq, device)
+    if md.compile == "reduce-overhead" and torch.device(device).type != "cuda":
+        raise ModeError(f"mode {mode!r} records CUDA graphs: it needs --device cuda.")
+    import torch._functorch.config as fc
+    import torch._inductor.config as ic
+
+    # Both flags are read when a graph is compiled (warm-up); patched so later modes of the same
+    # process start from the defaults.
+    with contextlib.ExitStack() as st:
+        if md.recompute:
+            st.enter_context(fc.patch(ban_recompute_materialized_backward=False))
+        if md.compile == "reduce-overhead":
+            st.enter_context(ic.patch(graph_partition=True))
+        return _step_time(md, w, warmup, steps, profile, exclude_head)
+
+
+def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Workload:
+    if model not in MODELS:
+        raise ModeError(f"--model {model!r}: choose one of {list(MODELS)}.")
+    if batch <= 0:
+        raise ModeError(f"--batch {batch}: must be a positive number of sequences or images.")
+    if model.startswith("llama"):
+        from ..models.llama import LLAMA_PRESETS
+
+        seq = seq or LLAMA_PRESETS[model]["seq"]
+        if seq < 2:
+            raise ModeError(f"--seq {seq}: a causal LM needs at least 2 tokens per sequence.")
+    elif seq is not None:
+        raise ModeError(f"--seq {seq}: --model {model} takes images, not sequences; drop --seq.")
+    return Workload(model, batch, seq, device)
+
+
+def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
+               exclude_head: bool) -> dict:
+    from ..common import quant
+
+    dev = torch.device(w.device)
+    cuda = dev.type == "cuda"
+    m = w.build()
+    facts = _prepare(m, md, w, exclude_head)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+    if md.compile:
+        import torch._dynamo.utils as du
+
+        du.counters.clear()  # the counters are process-wide: count this mode's compiles only
+    # HOT layers trace through the operators of hot.nn.autograd: no graph break at a HOT layer.
+    fn = w.loss_fn(m, None if md.compile is None else {"mode": md.compile})
+    data = w.batches(m)
+
+    def step(i):
+        if md.compile == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # a training step: new graph outputs
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            loss = fn(*data[i % 2])
+        with quant.hash_rng() if md.method == "hot_ref" else contextlib.nullcontext():
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    losses = []
+    t0 = time.perf_counter()
+    for i in range(warmup):
+        losses.append(float(step(i)))
+    sync()
+    warm_s = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(steps):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            loss = step(warmup + i)
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            loss = step(warmup + i)
+            times.append(1e3 * (time.perf_counter() - t))
+        losses.append(float(loss))
+    times.sort()
+    out = {"mode": md.name, "model": w.model, "batch": w.batch, "seq": w.seq,
+           "device": torch.cuda.get_device_name(dev) if cuda else str(dev),
+           "params": sum(p.numel() for p in m.parameters()),
+           "step_ms": times[len(times) // 2] if times else None,
+           "min_ms": times[0] if times else None,
+           "peak_GiB": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+           "loss": losses[-1], "losses": [round(v, 4) for v in losses], "warmup_s": warm_s,
+           **facts}
+    if times:
+        out["tokens_per_s" if w.llm else "images_per_s"] = w.items() / (out["step_ms"] / 1e3)
+    if profile and cuda:
+        out["profile"] = _profile(lambda i: step(warmup + steps + i))
+    if md.hot and cuda:
+        from ..fast import native
+
+        # layer backwards that ran as one C++ call so far in this process (hot.fast.native)
+        out["native_backward_calls"] = native.CALLS["layer_backward"]
+        out["native"] = native.why_off() or "on"
+    if md.compile:
+        try:
+            import torch._dynamo.utils as du
+
+            out["graph_breaks"] = int(sum(du.counters["graph_break"].values()))
+            out["unique_graphs"] = int(du.counters["stats"].get("unique_graphs", 0))
+        except Exception:
+            pass
+    del m, opt, fn, data
+    _release(cuda)
+    return out
 
 
 def _profile(step, n: int = 2, top: int = 14) -> dict:
@@ -63,118 +358,128 @@ def _profile(step, n: int = 2, top: int = 14) -> dict:
         if e.device_type == torch.autograd.DeviceType.CUDA:
             by[e.name[:70]] += e.device_time / 1e3 / n
     busy = sum(by.values())
-    return {"gpu_busy_ms": busy,
-            "top_ms": [(k, round(v, 3)) for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:top]]}
+    top_ms = sorted(by.items(), key=lambda kv: -kv[1])[:top]
+    return {"gpu_busy_ms": busy, "top_ms": [(k, round(v, 3)) for k, v in top_ms]}
 
 
-def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
-              profile: bool = False) -> dict:
-    import torch._functorch.config as fc
-
-    # The flag is read when a graph is compiled (warm-up); restored for the modes after this one.
-    with fc.patch(ban_recompute_materialized_backward=False) if mode.endswith("_rc") \
-            else contextlib.nullcontext():
-        return _step_time(mode, batch, warmup, steps, profile)
+def _release(cuda: bool) -> None:
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
 
 
-def _step_time(mode: str, batch: int, warmup: int, steps: int, profile: bool) -> dict:
-    from hot.common import quant
+def _is_oom(e: BaseException) -> bool:
+    # inductor's autotuning and compile wrap an OOM in its own exception types; the message stays.
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
-    hot_on = mode.startswith("hot")
-    m = _model(mode)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
-    compiled = mode.endswith(("compile", "compile_ro", "compile_rc"))
-    if compiled:
-        import torch._dynamo.utils as du
 
-        du.counters.clear()  # the counters are process-wide: count this mode's compiles only
-    # HOT layers trace through the operators of hot.nn.autograd: no graph break at a HOT layer.
-    fwd = m
-    if mode.endswith("compile_ro"):
-        # CUDA graphs (mode="reduce-overhead"); graph partitions keep HOT's ops (tagged
-        # cudagraph_unsafe: their seeds and step counters live on the host) outside the graphs.
-        import torch._inductor.config as ic
+def run_mode(mode: str, **kw) -> dict:
+    """``step_time(mode, **kw)`` as a record; a failure becomes {"mode", "error", "oom",
+    "trace"} (errors are data: the caller goes on with the next mode)."""
+    try:
+        return step_time(mode, **kw)
+    except Exception as e:
+        r = {"mode": mode, "model": kw.get("model", "vit-b"), "batch": kw.get("batch", 128),
+             "error": f"{type(e).__name__}: {e}", "oom": _is_oom(e),
+             "trace": traceback.format_exc()[-3000:]}
+        import torch._dynamo
 
-        ic.graph_partition = True
-        fwd = torch.compile(m, mode="reduce-overhead")
-    elif compiled:
-        fwd = torch.compile(m)
-    xs = [torch.randn(batch, 3, 224, 224, device="cuda") for _ in range(2)]
-    ys = [torch.randint(0, 1000, (batch,), device="cuda") for _ in range(2)]
+        torch._dynamo.reset()  # a failed compile leaves its guards and caches behind
+        _release(torch.device(kw.get("device", "cuda")).type == "cuda")
+        return r
 
-    def step(i):
-        if mode.endswith("compile_ro"):
-            torch.compiler.cudagraph_mark_step_begin()  # a training step: new graph outputs
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(fwd(xs[i % 2]), ys[i % 2])
-        with quant.hash_rng() if mode.startswith("hot_ref") else contextlib.nullcontext():
-            loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
 
-    losses = []
-    t0 = time.time()
-    for i in range(warmup):
-        loss = step(i)
-        losses.append(float(loss))
-    torch.cuda.synchronize()
-    warm_s = time.time() - t0
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for i in range(steps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        loss = step(warmup + i)
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-        losses.append(float(loss))
-    times.sort()
-    out = {"mode": mode, "step_ms": times[len(times) // 2], "min_ms": times[0],
-           "peak_GiB": torch.cuda.max_memory_allocated() / 2**30, "loss": float(loss),
-           "losses": [round(v, 4) for v in losses],
-           "warmup_s": warm_s}
-    if profile:
-        out["profile"] = _profile(lambda i: step(warmup + steps + i))
-    if hot_on:
-        from hot.nn.modules import HOTConv2d, HOTLinear
+def find_batch(run: Callable[[int], dict], batch: int) -> dict:
+    """``run(batch)``, then ``run(batch // 2)`` and so on while the record says it ran out of
+    memory and the batch can still halve. The record returned is the last one, with
+    ``oom_batches``: the batches that ran out of memory, largest first."""
+    tried = []
+    while True:
+        r = run(batch)
+        if not r.get("oom"):
+            break
+        tried.append(batch)
+        if batch == 1:
+            break
+        batch //= 2
+    r["oom_batches"] = tried
+    return r
 
-        from hot.fast import native
 
-        out["hot_layers"] = sum(isinstance(x, (HOTLinear, HOTConv2d)) for x in m.modules())
-        # layer backwards that ran as one C++ call so far in this process (hot.fast.native)
-        out["native_backward_calls"] = native.CALLS["layer_backward"]
-        out["native"] = native.why_off() or "on"
-    if compiled:
+def _isolated(mode: str, batch: int, a, timeout: float) -> dict:
+    """``run_mode`` in a fresh interpreter (this module with --in-process); its record, or one
+    that says how the process ended."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        cmd = [sys.executable, "-m", "hot.bench.e2e", "--in-process", "--modes", mode,
+               "--model", a.model, "--batch", str(batch), "--steps", str(a.steps),
+               "--warmup", str(a.warmup), "--device", a.device, "--json", out]
+        cmd += ["--seq", str(a.seq)] if a.seq is not None else []
+        cmd += ["--profile"] if a.profile else []
+        cmd += ["--exclude-head"] if a.exclude_head else []
+        base = {"mode": mode, "model": a.model, "batch": batch}
         try:
-            import torch._dynamo.utils as du
-
-            out["graph_breaks"] = int(sum(du.counters["graph_break"].values()))
-            out["unique_graphs"] = int(du.counters["stats"].get("unique_graphs", 0))
-        except Exception:
-            pass
-    del m, opt, fwd
-    torch.cuda.empty_cache()
-    return out
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            tail = (e.stderr or b"")[-3000:]
+            return {**base, "error": f"TimeoutExpired: the mode ran past {timeout:.0f} s",
+                    "oom": False, "trace": tail.decode() if isinstance(tail, bytes) else tail}
+        if p.returncode == 0 and os.path.isfile(out):
+            with open(out) as f:
+                return json.load(f)[0]
+        return {**base, "error": f"the mode's process exited with status {p.returncode}",
+                "oom": "out of memory" in p.stderr.lower(), "trace": p.stderr[-3000:]}
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="bf16,bf16_compile,hot,hot_compile")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--json", default=None)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__[__doc__.index("Models ("):])
+    p.add_argument("--model", default="vit-b", choices=MODELS)
+    p.add_argument("--modes", default=None, help="comma-separated; default: per model (below)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="sequences or images per step (default: vit-b 128, llama-1b 16, "
+                        "llama-tiny 2)")
+    p.add_argument("--seq", type=int, default=None, help="tokens per sequence (decoders; "
+                   "default: the preset's)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compiles)")
+    p.add_argument("--device", default="cuda", help="cuda[:N] or cpu (HOT on the reference "
+                   "backend, float8 emulated, no CUDA graphs: a smoke run)")
+    p.add_argument("--find-batch", action="store_true",
+                   help="retry a mode that runs out of memory at half the batch")
+    p.add_argument("--in-process", action="store_true",
+                   help="run every mode in this process (default: a fresh process per mode)")
+    p.add_argument("--mode-timeout", type=float, default=3600.0,
+                   help="seconds a mode's process may run")
+    p.add_argument("--exclude-head", action="store_true",
+                   help="keep the output layer exact in the HOT modes too (float8 always does)")
+    p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--profile", action="store_true",
                    help="also profile 2 steps: GPU busy time and the kernels that take most of it")
     a = p.parse_args(argv)
+    for flag, v in (("--steps", a.steps), ("--batch", a.batch)):
+        if v is not None and v <= 0:
+            p.error(f"{flag} {v}: must be positive.")
+    if a.warmup < 0:
+        p.error(f"--warmup {a.warmup}: must be 0 or more.")
+    if a.json and os.path.exists(a.json):
+        p.error(f"--json {a.json} exists: pass a new path (results are never overwritten).")
+    batch = a.batch or DEFAULT_BATCH[a.model]
+    try:
+        _workload(a.model, batch, a.seq, a.device)  # bad arguments fail once, not per mode
+    except ModeError as e:
+        p.error(str(e))
+    modes = (a.modes or DEFAULT_MODES["llama" if a.model.startswith("llama") else a.model])
+    kw = dict(warmup=a.warmup, steps=a.steps, profile=a.profile, model=a.model, seq=a.seq,
+              device=a.device, exclude_head=a.exclude_head)
     res = []
-    for mode in a.modes.split(","):
-        try:
-            r = step_time(mode, steps=a.steps, profile=a.profile)
-        except Exception as e:  # reported, never hidden: a mode that fails says why
-            r = {"mode": mode, "error": f"{type(e).__name__}: {e}",
-                 "trace": traceback.format_exc()[-3000:]}
-            torch.cuda.empty_cache()
+    for mode in [m for m in modes.split(",") if m]:
+        if a.in_process:
+            run = lambda b, mode=mode: run_mode(mode, batch=b, **kw)
+        else:
+            run = lambda b, mode=mode: _isolated(mode, b, a, a.mode_timeout)
+        r = find_batch(run, batch) if a.find_batch else run(batch)
         print(json.dumps({k: v for k, v in r.items() if k != "trace"}), flush=True)
         res.append(r)
     if a.json:

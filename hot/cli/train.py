@@ -12,7 +12,7 @@ from typing import Optional
 
 import hot
 
-from ..data import DATASETS, load_dataset
+from ..data import DATASETS, LM_DATASETS, load_dataset
 from ..models import build_model, describe_model_spec
 from . import argtypes as T
 from . import plots
@@ -79,6 +79,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    if args.dataset in LM_DATASETS:
+        from .lmtrain import run_lm
+
+        return run_lm(args)
     device = device_from(args.device)
     check_backend(args, device)
     cfg = hot_config(args)

@@ -5,6 +5,8 @@ packages installed with ``pip install --no-deps`` (whose imports may fail) still
 """
 
 from .base import DataUnavailableError, ImageData, TextData
-from .registry import DATASETS, load_dataset
+from .lm import LMData
+from .registry import DATASETS, LM_DATASETS, load_dataset
 
-__all__ = ["DataUnavailableError", "ImageData", "TextData", "DATASETS", "load_dataset"]
+__all__ = ["DataUnavailableError", "ImageData", "TextData", "LMData", "DATASETS", "LM_DATASETS",
+           "load_dataset"]

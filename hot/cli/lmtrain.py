@@ -1,0 +1,291 @@
+"""Causal language-model training from scratch: a Llama preset (random init) on the Rotten
+Tomatoes snippets (hot.data.lm), scored by validation perplexity.
+
+Python: ``train_lm(LMSpec(...), device)`` returns the metrics, ``val_ppl`` among them; a study
+calls it for many configs and seeds. CLI: ``hot train --model llama-tiny --dataset
+rotten-tomatoes-lm`` (``run_lm``).
+
+Every run of a given seed starts from the same weights (torch.manual_seed(seed) before the
+build) and sees the same batches (a generator seeded with (seed, epoch)); the subsets and the
+validation split do not depend on the seed. So two methods of one seed differ only in what the
+method changes.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import pathlib
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import hot
+
+from ..data import load_dataset
+from ..data.lm import IGNORE, LMData, TokenBatches, rotten_tomatoes_lm
+from ..models.llama import LLAMA_PRESETS
+from ..models.registry import build_lm, is_lm_spec
+from .common import (CLIError, device_from, emit, fmt_bytes, hot_config, log, progress,
+                     render_table)
+from .methods import METHODS
+from .trainer import backend_summary
+
+
+@dataclass(frozen=True)
+class LMSpec:
+    """One language-model run.
+
+    method: a key of hot.cli.methods.METHODS (fp32, bf16, hot, hot-bf16).
+    model: a Llama preset (hot.models.llama.LLAMA_PRESETS); ``model_overrides`` replace its
+        shapes (e.g. {"layers": 2}); the vocabulary is the tokenizer's, positions ``seq``.
+    seq: tokens per snippet (longer ones are truncated; 64 keeps all but 7 of 12,752 whole).
+    lr, weight_decay, betas: AdamW; weight decay applies to matrices and embeddings only,
+        not to the RMSNorm weights. The learning rate rises linearly over ``warmup_steps``,
+        then follows a cosine to 0 at the last step.
+    grad_clip: the gradients' global norm is clipped to this (None: not clipped).
+    hot_config / backend: for the HOT methods (default: HOTConfig(), the paper's setting);
+        ``exact_layers`` names Linear layers HOT leaves exact (e.g. ("lm_head",)).
+    train_size / val_size: fixed random subsets (seed 0 and 1, whatever ``seed`` is).
+    max_steps: stop after this many steps (the schedule then spans them).
+    """
+
+    method: str = "hot"
+    model: str = "llama-tiny"
+    model_overrides: dict = field(default_factory=dict)
+    epochs: int = 1
+    batch_size: int = 32
+    seq: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    betas: tuple = (0.9, 0.95)
+    warmup_steps: int = 0
+    grad_clip: Optional[float] = 1.0
+    seed: int = 0
+    hot_config: Optional[hot.HOTConfig] = None
+    backend: Optional[str] = None
+    exact_layers: tuple = ()
+    train_size: Optional[int] = None
+    val_size: Optional[int] = None
+    max_steps: Optional[int] = None
+    eval_batch: int = 128
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["hot_config"] = (self.hot_config or hot.HOTConfig()).to_dict()
+        return d
+
+    def check(self) -> None:
+        """ValueError naming the first field out of range."""
+        if self.method not in METHODS:
+            raise ValueError(f"LMSpec.method={self.method!r}: choose one of {sorted(METHODS)}.")
+        for name in ("epochs", "batch_size", "eval_batch"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"LMSpec.{name}={getattr(self, name)}: must be positive.")
+        for name in ("max_steps", "train_size", "val_size"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ValueError(f"LMSpec.{name}={v}: must be positive (or None for all).")
+        if self.seq < 2:
+            raise ValueError(f"LMSpec.seq={self.seq}: a causal LM needs at least 2 tokens.")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"LMSpec.lr={self.lr}: must be a positive finite number.")
+        if self.warmup_steps < 0:
+            raise ValueError(f"LMSpec.warmup_steps={self.warmup_steps}: must be 0 or more.")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"LMSpec.grad_clip={self.grad_clip}: must be positive or None.")
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """The learning-rate multiplier before optimizer step ``step`` (0-based) of ``total``:
+    (step + 1) / warmup during the warm-up, then a cosine from 1 down to 0 at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    span = max(1, total - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(step - warmup, span) / span))
+
+
+def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean"):
+    """Next-token cross-entropy of ``model`` on inputs ``x``, targets ``y`` (IGNORE excluded),
+    computed in float32 from the logits."""
+    logits = model(input_ids=x).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE,
+                           reduction=reduction)
+
+
+def perplexity(model: nn.Module, batches: TokenBatches, device, context, bs: int = 128,
+               desc: str = "") -> tuple[float, float, int]:
+    """(exp(mean NLL), mean NLL, tokens) of ``model`` over all of ``batches``: the NLL of every
+    predicted token summed in float64, padding excluded, under ``context`` (the method's
+    autocast). The model is left in training mode."""
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad(), context:
+        for idx in progress(list(torch.arange(len(batches)).split(bs)), desc):
+            x, y = batches.get(idx, device)
+            total += float(lm_loss(model, x, y, reduction="sum").double())
+            count += int((y != IGNORE).sum())
+    model.train()
+    nll = total / max(1, count)
+    return math.exp(nll) if math.isfinite(nll) else nll, nll, count
+
+
+def train_lm(spec: LMSpec = LMSpec(), device="cpu", data: Optional[LMData] = None,
+             label: str = "", keep_model: bool = False) -> dict:
+    """Train ``spec`` on ``device`` from scratch; the metrics. ``data`` (default: hot.data.lm
+    .rotten_tomatoes_lm(), read from the installed wheels) can be loaded once and passed to
+    many runs. ``keep_model`` adds the trained model under "model" (else it is freed).
+
+    Returns: val_ppl (exp of the mean token NLL over the validation set after the last epoch,
+    padding excluded), val_nll, val_tokens, uniform_ppl (the vocabulary size: the perplexity of
+    uniform predictions), history {step_loss: [...], epochs: [{epoch, step, train_loss,
+    val_ppl}]}, steps, time_per_step_s (median), peak_memory_bytes (CUDA only, else None),
+    params, hot_layers, hot_backend, method, device, spec, train_sequences, val_sequences.
+    Raises FloatingPointError when a training loss is not finite.
+    """
+    spec.check()
+    device = torch.device(device)
+    label = label or spec.method
+    method = METHODS[spec.method]
+    data = (data or rotten_tomatoes_lm()).subset(spec.train_size, spec.val_size, seed=0)
+    train_b, val_b = data.encode("train", spec.seq), data.encode("test", spec.seq)
+    torch.manual_seed(spec.seed)
+    model = build_lm(spec.model, vocab=data.vocab, seq=spec.seq, pad_id=data.pad_id,
+                     overrides=spec.model_overrides).model
+    if method.prepare is not None:
+        _check_names(model, spec.exact_layers)
+        keep = set(spec.exact_layers)
+        model = method.prepare(model, spec.hot_config or hot.HOTConfig(),
+                               lambda fqn, _: fqn not in keep, spec.backend)
+    model = model.to(device)
+    steps_per_epoch = math.ceil(len(train_b) / spec.batch_size)
+    total = steps_per_epoch * spec.epochs
+    if spec.max_steps:
+        total = min(total, spec.max_steps)
+    opt = torch.optim.AdamW(_param_groups(model, spec.weight_decay), lr=spec.lr,
+                            betas=spec.betas)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_factor(s, total, spec.warmup_steps))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    history = {"step_loss": [], "epochs": []}
+    step, times = 0, []
+    model.train()
+    for epoch in range(spec.epochs):
+        if step >= total:
+            break
+        g = torch.Generator().manual_seed(spec.seed * 1000 + epoch)
+        chunks = list(torch.randperm(len(train_b), generator=g).split(spec.batch_size))
+        chunks = chunks[: total - step]
+        bar = progress(chunks, f"{label} epoch {epoch + 1}/{spec.epochs}")
+        for idx in bar:
+            x, y = train_b.get(idx, device)
+            _sync(device)
+            t0 = time.perf_counter()
+            with method.context(device):
+                loss = lm_loss(model, x, y)
+            loss.backward()
+            if spec.grad_clip is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+            lv = float(loss.detach())
+            if not math.isfinite(lv):
+                raise FloatingPointError(f"[{label}] loss is {lv} at step {step}: training "
+                                         f"diverged (try a lower lr, or warmup_steps).")
+            history["step_loss"].append(lv)
+            step += 1
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{lv:.3f}")
+        ppl, nll, n = perplexity(model, val_b, device, method.context(device), spec.eval_batch,
+                                 f"{label} validation")
+        recent = history["step_loss"][-len(chunks):]
+        history["epochs"].append({"epoch": epoch + 1, "step": step, "val_ppl": ppl,
+                                  "train_loss": sum(recent) / len(recent) if recent else None})
+        log(f"[{label}] epoch {epoch + 1}: validation perplexity {ppl:.2f}")
+    times.sort()
+    return {
+        "label": label, "method": spec.method, "device": str(device), "val_ppl": ppl,
+        "val_nll": nll, "val_tokens": n, "uniform_ppl": data.vocab, "history": history,
+        "steps": step, "time_per_step_s": times[len(times) // 2] if times else None,
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(device)
+        if device.type == "cuda" else None,
+        "params": sum(p.numel() for p in model.parameters()),
+        "hot_layers": len(hot.hot_layers(model)), "hot_backend": backend_summary(model),
+        "spec": spec.to_dict(), "train_sequences": len(train_b), "val_sequences": len(val_b),
+        **({"model": model} if keep_model else {}),
+    }
+
+
+def _check_names(model: nn.Module, names) -> None:
+    linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    for n in names:
+        if n not in linears:
+            raise ValueError(f"LMSpec.exact_layers: {n!r} is not a Linear layer of the model "
+                             f"(e.g. 'lm_head', 'model.layers.0.mlp.down_proj').")
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    # Decay the matrices (Linear weights, the embedding); norm weights are scales, not features.
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": rest, "weight_decay": 0.0}]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_lm(args) -> int:
+    """``hot train`` on a language-model dataset: metrics.json, metrics.csv (per epoch) and
+    model.pt (the trained weights and the spec) in the output folder."""
+    if not is_lm_spec(args.model):
+        raise CLIError(f"--dataset {args.dataset} trains a causal language model: pass --model "
+                       f"with a Llama preset ({', '.join(sorted(LLAMA_PRESETS))}), not "
+                       f"{args.model!r}.")
+    if args.lora_r:
+        raise CLIError("--lora-r: LoRA adapts pretrained weights; a language model here trains "
+                       "from scratch. Drop --lora-r.")
+    if args.resume:
+        raise CLIError("--resume: language-model runs cannot be resumed yet; start a new run.")
+    spec = LMSpec(method=args.method, model=args.model, epochs=args.epochs,
+                  batch_size=args.batch_size, seq=args.max_len,
+                  lr=args.lr if args.lr is not None else 1e-3,
+                  weight_decay=args.weight_decay, seed=args.seed, hot_config=hot_config(args),
+                  backend=args.backend, train_size=args.train_size, val_size=args.test_size,
+                  max_steps=args.max_steps)
+    device = device_from(args.device)
+    data = load_dataset(args.dataset, args.data_root)
+    out = pathlib.Path(args.out or pathlib.Path("runs") /
+                       f"{args.model}-{args.dataset}-{args.method}")
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    r = train_lm(spec, device, data, label=args.method, keep_model=True)
+    model = r.pop("model")
+    torch.save({"model": model.state_dict(), "spec": r["spec"]}, out / "model.pt")
+    result = {"model": args.model, "dataset": args.dataset, "out": str(out),
+              "wall_time_s": time.perf_counter() - t0, **r}
+    (out / "metrics.json").write_text(json.dumps(result, indent=1, default=str))
+    with open(out / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["epoch", "step", "train_loss", "val_ppl"])
+        w.writeheader()
+        w.writerows(r["history"]["epochs"])
+    text = render_table(["method", "val perplexity", "uniform", "steps", "ms/step",
+                         "peak memory"],
+                        [[args.method, r["val_ppl"], r["uniform_ppl"], r["steps"],
+                          f"{1000 * r['time_per_step_s']:.0f}" if r["time_per_step_s"] else "",
+                          fmt_bytes(r["peak_memory_bytes"])]])
+    text += f"\n\noutputs in {out}/ (metrics.json, metrics.csv, model.pt)"
+    emit(args, result, text)
+    return 0

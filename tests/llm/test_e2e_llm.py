@@ -1,0 +1,99 @@
+"""hot.bench.e2e on the decoders, at a CPU size: modes, records, errors as data, --find-batch,
+one process per mode."""
+
+import json
+import math
+import sys
+
+import pytest
+import torch.nn as nn
+
+pytest.importorskip("transformers")
+
+from hot.bench import e2e
+
+TINY = dict(model="llama-tiny", device="cpu", batch=2, seq=32, warmup=1, steps=1)
+
+
+def test_mode_names_parse_into_method_and_compilation():
+    assert e2e.parse_mode("hot") == e2e.Mode("hot", "hot", None, False)
+    assert e2e.parse_mode("hot_compile_cg").compile == "reduce-overhead"
+    assert e2e.parse_mode("bf16_compile_ro").compile == "reduce-overhead"
+    m = e2e.parse_mode("hot_exact_compile_rc")
+    assert (m.method, m.compile, m.recompute) == ("hot_exact", "default", True)
+    assert e2e.parse_mode("float8_rw_compile").method == "float8_rw"
+    for bad in ("hot_compile_xx", "fp8", "compile", "hot_"):
+        with pytest.raises(e2e.ModeError, match=bad):
+            e2e.parse_mode(bad)
+
+
+def test_bf16_hot_and_hot_exact_steps_share_the_forward():
+    rs = {m: e2e.run_mode(m, **TINY) for m in ("bf16", "hot", "hot_exact")}
+    for m, r in rs.items():
+        assert "error" not in r, r.get("trace")
+        assert len(r["losses"]) == 2 and all(math.isfinite(v) for v in r["losses"])
+        assert r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["seq"] == 32
+    # Same seed, same batch, same weights before the first update: HOT changes only backward.
+    assert rs["bf16"]["losses"][0] == rs["hot"]["losses"][0] == rs["hot_exact"]["losses"][0]
+    layers = 7 * 4 + 1  # llama-tiny: 4 blocks of 7 Linears, and lm_head
+    assert rs["hot"]["hot_layers"] == layers and rs["hot"]["hot_backend"] == "reference"
+    r = e2e.run_mode("hot", exclude_head=True, **TINY)
+    assert r["hot_layers"] == layers - 1
+
+
+def test_float8_modes_convert_all_but_the_output_layer():
+    pytest.importorskip("torchao")
+    for m in ("float8_tw", "float8_rw"):
+        r = e2e.run_mode(m, **TINY)
+        assert "error" not in r, r.get("trace")
+        assert r["float8_layers"] == 7 * 4 and r["float8_emulated"] is True
+        assert all(math.isfinite(v) for v in r["losses"])
+
+
+def test_failing_modes_are_recorded_and_the_run_goes_on(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = e2e.main(["--model", "llama-tiny", "--device", "cpu", "--in-process", "--batch", "1",
+                   "--seq", "16", "--steps", "1", "--warmup", "0",
+                   "--modes", "nope,hot_compile_cg,bf16", "--json", str(out)])
+    assert rc == 0
+    rs = json.loads(out.read_text())
+    assert [r["mode"] for r in rs] == ["nope", "hot_compile_cg", "bf16"]
+    assert "ModeError" in rs[0]["error"] and "needs --device cuda" in rs[1]["error"]
+    assert not rs[0]["oom"] and "error" not in rs[2] and rs[2]["step_ms"] > 0
+    with pytest.raises(SystemExit) as e:  # never overwrites earlier results
+        e2e.main(["--model", "llama-tiny", "--json", str(out)])
+    assert e.value.code == 2 and "exists" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        e2e.main(["--model", "vit-b", "--seq", "16"])
+    assert e.value.code == 2 and "--seq 16" in capsys.readouterr().err
+
+
+def test_find_batch_halves_until_a_batch_fits():
+    seen = []
+
+    def run(b):
+        seen.append(b)
+        return {"batch": b, "oom": b > 5}
+
+    r = e2e.find_batch(run, 24)
+    assert seen == [24, 12, 6, 3] and r["batch"] == 3 and r["oom_batches"] == [24, 12, 6]
+    seen.clear()
+    r = e2e.find_batch(lambda b: seen.append(b) or {"batch": b, "oom": True}, 4)
+    assert seen == [4, 2, 1] and r["oom"] and r["oom_batches"] == [4, 2, 1]
+    r = e2e.find_batch(lambda b: {"batch": b, "error": "ValueError: x", "oom": False}, 8)
+    assert r["batch"] == 8 and r["oom_batches"] == []  # other errors are not retried
+
+
+def test_each_mode_runs_in_its_own_process(tmp_path, monkeypatch):
+    out = tmp_path / "r.json"
+    args = ["--model", "llama-tiny", "--device", "cpu", "--batch", "1", "--seq", "16",
+            "--steps", "1", "--warmup", "0", "--modes", "bf16", "--json", str(out)]
+    assert e2e.main(args) == 0
+    (r,) = json.loads(out.read_text())
+    assert r["mode"] == "bf16" and "error" not in r, r.get("trace")
+    assert r["batch"] == 1 and math.isfinite(r["loss"])
+    # A process that dies is recorded with its exit status.
+    monkeypatch.setattr(sys, "executable", "false")
+    assert e2e.main([*args[:-1], str(tmp_path / "s.json")]) == 0
+    (r,) = json.loads((tmp_path / "s.json").read_text())
+    assert r["mode"] == "bf16" and "exited with status 1" in r["error"]
