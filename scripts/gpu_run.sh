@@ -11,6 +11,8 @@
 #              git archive <commit> | tar -x -C .baseline), run right after this tree's, on the
 #              same machine, to compare before and after
 #   breakdown  benchmarks/gy_pass_breakdown.py (g_y pass stages)
+#   graphs     tests/fast/test_cuda_graphs_gpu.py alone
+#   profile    benchmarks/host_profile.py (host time of one layer backward), also for .baseline/
 #   e2e        python -m hot.bench.e2e (ViT-B/16 step; modes from $E2E_MODES)
 #   llm        python -m hot.bench.e2e --model llama-1b (modes from $LLM_MODES)
 #
@@ -28,13 +30,19 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torc
 
 build() {  # build <tree> <cache dir> <log>: JIT-build the tree's csrc/ for sm_90a
   ( cd "$1" && t0=$(date +%s) &&
-    HOT_JIT_BUILD=1 HOT_JIT_CACHE="$2" TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=8 PYTHONPATH=$PWD:/tmp/site \
+    HOT_EXT_SO= HOT_JIT_BUILD=1 HOT_JIT_CACHE="$2" TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=8 PYTHONPATH=$PWD:/tmp/site \
       python3 -c "from hot.fast import _ext; m = _ext.load(); print('ext:', _ext.why_unavailable('sm90') or 'sm90 ok')" \
       > "$3" 2>&1; echo "build $(( $(date +%s) - t0 )) s" >> "$3" )
 }
-build "$PWD" /tmp/hot_jit "$OUT/build.log" & build_pid=$!
+srchash=$(cat csrc/* | sha1sum | cut -c1-16)
+if [ -f .jit/hot_fast_C.so ] && [ "$(cat .jit/srchash 2>/dev/null)" = "$srchash" ]; then
+  # A build of these csrc/ sources carried from an earlier run's $OUT (hot_fast_C.so, srchash).
+  export HOT_EXT_SO=$PWD/.jit/hot_fast_C.so; echo "ext: carried build" > "$OUT/build.log"; build_pid=
+else
+  build "$PWD" /tmp/hot_jit "$OUT/build.log" & build_pid=$!
+fi
 base_pid=
-case "$what" in *" baseline "*)
+case "$what" in *" baseline "*|*" profile "*)
   if [ -d .baseline/hot ]; then build "$PWD/.baseline" /tmp/hot_jit_base "$OUT/build_base.log" & base_pid=$!; fi
 esac
 export HOT_JIT_BUILD=1 HOT_JIT_CACHE=/tmp/hot_jit
@@ -49,7 +57,9 @@ case "$what" in *" tests "*)
   HOT_JIT_BUILD=0 tst tests/fast/test_gpu_launch.py 120
   HOT_JIT_BUILD=0 tst tests/fast/test_gpu_layer.py 300
 esac
-wait "$build_pid"; tail -2 "$OUT/build.log"
+[ -n "$build_pid" ] && wait "$build_pid"; tail -2 "$OUT/build.log"
+so=$(ls /tmp/hot_jit/*/hot_fast_C.so 2>/dev/null | head -1)
+[ -n "$so" ] && cp "$so" "$OUT/hot_fast_C.so" && echo "$srchash" > "$OUT/srchash"
 case "$what" in *" tests "*)
   tst tests/fast/test_gpu_kernels.py 300
   tst tests/fast/test_csrc_gpu.py 300
@@ -57,6 +67,20 @@ case "$what" in *" tests "*)
   tst tests/fast/test_abc_gpu.py 200
   # Not marked gpu (they run under the interpreter on CPU too): here compiled, NaN/Inf included.
   tst tests/fast/test_quant_interp.py 300 "not slow"
+esac
+case "$what" in *" graphs "*)
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging --tb=short \
+    tests/fast/test_cuda_graphs_gpu.py 2>&1 | tail -40
+esac
+case "$what" in *" profile "*)
+  timeout 90 python3 benchmarks/host_profile.py --n 200 --top 25 > "$OUT/host_profile.log" 2>&1
+  head -1 "$OUT/host_profile.log"
+  if [ -n "$base_pid" ]; then
+    wait "$base_pid"; base_pid=
+    ( cd .baseline && HOT_JIT_CACHE=/tmp/hot_jit_base PYTHONPATH=$PWD:/tmp/site HOT_EXT_SO= timeout 90 \
+        python3 ../benchmarks/host_profile.py --n 200 --top 25 > "$OUT/host_profile_base.log" 2>&1 )
+    head -1 "$OUT/host_profile_base.log"
+  fi
 esac
 case "$what" in *" breakdown "*)
   timeout 240 python3 benchmarks/gy_pass_breakdown.py 2>&1 | tee "$OUT/breakdown.log" | tail -6
@@ -66,9 +90,10 @@ case "$what" in *" bench "*)
     > "$OUT/bench_backward.log" 2>&1 || tail -20 "$OUT/bench_backward.log"
 esac
 case "$what" in *" baseline "*)
-  if [ -n "$base_pid" ]; then
-    wait "$base_pid"; tail -2 "$OUT/build_base.log"
-    ( cd .baseline && HOT_JIT_CACHE=/tmp/hot_jit_base PYTHONPATH=$PWD:/tmp/site timeout 400 \
+  if [ -n "$base_pid" ] || [ -f "$OUT/build_base.log" ]; then
+    [ -n "$base_pid" ] && wait "$base_pid"
+    tail -2 "$OUT/build_base.log"
+    ( cd .baseline && HOT_EXT_SO= HOT_JIT_CACHE=/tmp/hot_jit_base PYTHONPATH=$PWD:/tmp/site timeout 400 \
         python3 -m hot.bench.backward --json "$OUT/bench_backward_base.json" --md "$OUT/bench_backward_base.md" \
         > "$OUT/bench_backward_base.log" 2>&1 || tail -20 "$OUT/bench_backward_base.log" )
   fi
