@@ -464,8 +464,9 @@ int64_t addr(const torch::Tensor& t) { return int64_t(reinterpret_cast<uintptr_t
 // hot.fast.passes.pass_args (StatsArgs and QuantizeArgs name them, in the kernels' parameter
 // order; tests/fast/test_native_gpu.py checks both paths give the same codes and scales).
 // step: the step counter the seeds follow (USE_STEP kernels read it), or undefined.
-std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, const torch::Tensor& h16,
-                     const torch::Tensor& amax, int64_t epoch, int64_t hq_key, int64_t hla_key,
+// amax: a zeroed int32 vector of >= nh + nl entries for the stats kernel's maxima.
+std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, const torch::Tensor& amax,
+                     int64_t hq_key, int64_t hla_key,
                      const std::optional<torch::Tensor>& step, PassOut* out) {
   const std::string where = "hot.fast._C.quant_pass: ";
   HOT_REQUIRE(p.size() == kPassFields, where, "the plan has ", int64_t(p.size()), " fields, expected ",
@@ -473,10 +474,10 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   HOT_REQUIRE(x.is_cuda() && x.dim() == 2 && x.size(0) == p[kR] && x.size(1) == p[kC], where,
               "x must be a 2-D CUDA tensor of the plan's shape (", p[kR], ", ", p[kC], "), got ", x.sizes(),
               " on ", x.device());
-  HOT_REQUIRE(amax.is_cuda() && amax.scalar_type() == torch::kInt64 && amax.numel() >= p[kNh] + p[kNl] + 1 &&
-                  amax.device() == x.device(), where, "the absmax workspace must be an int64 tensor of >= ",
-              p[kNh] + p[kNl] + 1, " entries on ", x.device());
-  HOT_REQUIRE(h16.device() == x.device(), where, "the Hadamard matrix must be on ", x.device());
+  HOT_REQUIRE(amax.is_cuda() && amax.scalar_type() == torch::kInt32 && amax.is_contiguous() &&
+                  amax.numel() >= std::max<int64_t>(p[kNh] + p[kNl], 1) && amax.device() == x.device(),
+              where, "the absmax workspace must be a contiguous int32 tensor of >= ", p[kNh] + p[kNl],
+              " entries on ", x.device());
   HOT_REQUIRE(!step || (step->device() == x.device() && step->scalar_type() == torch::kInt64 &&
                         step->numel() == 1), where, "the step counter must be one int64 on ", x.device());
   const auto dev = x.device();
@@ -493,12 +494,12 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   }
   using hot::triton_launch::Arg;
   const int64_t ws = addr(amax);
-  const int64_t ws_l = p[kNh] ? ws + p[kNh] * int64_t(sizeof(int64_t)) : ws;
+  const int64_t ws_l = p[kNh] ? ws + p[kNh] * int64_t(sizeof(int32_t)) : ws;
   torch::Tensor partial;
   if (p[kDoBsum]) partial = torch::empty({p[kC], p[kGrid0]}, f32);  // column-major: an inner-axis sum
-  // StatsArgs: x, sxr, sxc, R, C, h, hq_amax, hla_amax, epoch, bsum.
-  const std::vector<Arg> stats = {{addr(x)}, {x.stride(0)}, {x.stride(1)}, {p[kR]}, {p[kC]}, {addr(h16)},
-                                  {ws}, {ws_l}, {epoch}, {p[kDoBsum] ? addr(partial) : ws}};
+  // StatsArgs: x, sxr, sxc, R, C, hq_amax, hla_amax, bsum.
+  const std::vector<Arg> stats = {{addr(x)}, {x.stride(0)}, {x.stride(1)}, {p[kR]}, {p[kC]},
+                                  {ws}, {ws_l}, {p[kDoBsum] ? addr(partial) : ws}};
   // QuantizeArgs: x, sxr, sxc, R, C, hq_amax, hla_amax, hq_q, hq_s, C16, hq_key, hla_q, hla_s, LR,
   // NBLK, hla_key, step.
   const std::vector<Arg> quant = {
@@ -518,11 +519,11 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
 
 using Tensors = std::tuple<std::vector<torch::Tensor>, std::string>;
 
-Tensors quant_pass(std::vector<int64_t> plan, torch::Tensor x, torch::Tensor h16, torch::Tensor amax,
-                   int64_t epoch, int64_t hq_key, int64_t hla_key, std::optional<torch::Tensor> step) {
+Tensors quant_pass(std::vector<int64_t> plan, torch::Tensor x, torch::Tensor amax, int64_t hq_key,
+                   int64_t hla_key, std::optional<torch::Tensor> step) {
   PassOut o;
   std::string err = catching("quant_pass", [&] {
-    return run_pass(plan, x, h16, amax, epoch, hq_key, hla_key, step, &o);
+    return run_pass(plan, x, amax, hq_key, hla_key, step, &o);
   });
   if (!err.empty()) return Tensors(std::vector<torch::Tensor>(), err);
   return {{o.hq_q, o.hq_s, o.hla_q, o.hla_s, o.bsum}, std::string()};
@@ -535,7 +536,7 @@ Tensors quant_pass(std::vector<int64_t> plan, torch::Tensor x, torch::Tensor h16
 // gemm_kind: 0 = gemm_s8s8_sm90, 1 = gemm_s8s8_sm80 (what hot.fast.gemm.gemm_path picks for these
 // operands; the caller decided).
 Tensors layer_backward(std::vector<int64_t> gplan, std::vector<int64_t> wplan, torch::Tensor gy, torch::Tensor wt,
-                       torch::Tensor qx, torch::Tensor sx, torch::Tensor h16, torch::Tensor amax_g, int64_t epoch_g, torch::Tensor amax_w, int64_t epoch_w,
+                       torch::Tensor qx, torch::Tensor sx, torch::Tensor amax_g, torch::Tensor amax_w,
                        int64_t key_gy, int64_t key_hla, int64_t key_w, std::optional<torch::Tensor> step,
                        int64_t gemm_kind, std::string gx_dtype, std::string gw_dtype) {
   torch::Tensor gx, gw, gb;
@@ -546,8 +547,8 @@ Tensors layer_backward(std::vector<int64_t> gplan, std::vector<int64_t> wplan, t
                     wplan[kDoHq] && !wplan[kDoHla], "hot.fast._C.layer_backward: the g_y plan must do HQ and HLA, "
                     "the W plan HQ only");
     PassOut g, w;
-    std::string e = run_pass(gplan, gy, h16, amax_g, epoch_g, key_gy, key_hla, step, &g);
-    if (e.empty()) e = run_pass(wplan, wt, h16, amax_w, epoch_w, key_w, 0, step, &w);
+    std::string e = run_pass(gplan, gy, amax_g, key_gy, key_hla, step, &g);
+    if (e.empty()) e = run_pass(wplan, wt, amax_w, key_w, 0, step, &w);
     if (!e.empty()) return e;
     const Kind kind = gemm_kind == 0 ? Kind::kS8Sm90 : Kind::kS8Sm80;
     Result r = scaled_gemm(kind, g.hq_q, w.hq_q, g.hq_s, w.hq_s, gx_dtype, 0);
@@ -604,8 +605,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "register a Triton-loaded kernel (CUfunction, block, shared bytes, argument kinds) -> (id, err)",
         pybind11::arg("function"), pybind11::arg("block"), pybind11::arg("shared"), pybind11::arg("kinds"));
   m.def("quant_pass", &quant_pass, "one quantizer pass (stats + quantize) -> ([hq_q, hq_s, hla_q, hla_s, bsum], err)",
-        pybind11::arg("plan"), pybind11::arg("x"), pybind11::arg("h16"), pybind11::arg("amax"),
-        pybind11::arg("epoch"), pybind11::arg("hq_key"), pybind11::arg("hla_key"),
+        pybind11::arg("plan"), pybind11::arg("x"), pybind11::arg("amax"), pybind11::arg("hq_key"),
+        pybind11::arg("hla_key"),
         pybind11::arg("step") = pybind11::none());
   m.def("layer_backward", &layer_backward, "g_y pass, W pass and both GEMMs of one layer -> ([g_x, g_W, g_b], err)");
   m.def("info", &info, "(build facts: archs, sm90a, max_k_int8, max_k_int4, cutlass_version; err)");

@@ -19,7 +19,7 @@ from ..common.ops import HLAArgs, HQArgs, LayerGrads, Quantized
 from . import native
 from .arch import arch_for
 from .gemm import cutlass_operand_ok, ext_caps, int_gemm_nt
-from .passes import bsum_capable, plan_for
+from .passes import bsum_capable, plan_for, step_counter
 from .quantize import gy_pass
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -48,8 +48,11 @@ def layer_backward(gy: torch.Tensor, wt: torch.Tensor, x_codes: Quantized, hq: H
             or native.why_off() is not None):
         return None
     bsum = need_gb and bsum_capable()
-    pg = plan_for(gy, hq, hla, bsum)
-    pw = plan_for(wt, hq_w, None)
+    step = step_counter(hq, hla)
+    if step is not step_counter(hq_w, None):
+        raise ValueError("layer_backward: the g_y and W passes must follow the same step counter")
+    pg = plan_for(gy, hq, hla, bsum, step is not None)
+    pw = plan_for(wt, hq_w, None, False, step is not None)
     kind = _gemm_kind(gy.device, pg.c16, pg.lr, hq.bits) if cutlass_operand_ok(qx) else None
     if kind is None or qx.shape[1] != pg.lr or pw.c16 != pg.c16:
         return None
@@ -62,6 +65,6 @@ def layer_backward(gy: torch.Tensor, wt: torch.Tensor, x_codes: Quantized, hq: H
         return LayerGrads(int_gemm_nt(g.hq_q, w.hq_q, g.hq_s, w.hq_s, gx_dtype),
                           int_gemm_nt(g.hla_q, qx, g.hla_s, sx, gw_dtype),
                           g.bsum.to(gy.dtype) if bsum else None)
-    gx, gw, gb = native.layer_backward(pg, pw, cg, cw, gy, wt, qx, sx, hq, hla, hq_w, kind,
+    gx, gw, gb = native.layer_backward(pg, pw, cg, cw, gy, wt, qx, sx, hq, hla, hq_w, step, kind,
                                        gx_dtype, gw_dtype)
     return LayerGrads(gx, gw, gb)

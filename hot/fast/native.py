@@ -25,7 +25,7 @@ import torch
 from ..common.ops import HLAArgs, HQArgs
 from ..common.options import on_change, options
 from . import _ext
-from .passes import WORKSPACE, PassOutputs, PassPlan, fixed_tile, key_arg, step_counter
+from .passes import PassOutputs, PassPlan, absmax_workspace, fixed_tile, key_arg, step_counter
 
 _LOCK = threading.Lock()
 _PLANS: dict = {}  # (pass plan uid, x 16-byte aligned) -> NativePlan, or False (never)
@@ -168,9 +168,8 @@ def quant_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     if not cp:
         return None
     CALLS["quant_pass"] += 1
-    amax, epoch = WORKSPACE.take(x.device, p.nh + p.nl + 1)
     out = _ext.result_or_raise(module().quant_pass(
-        list(cp), x, p.h16, amax, epoch, key_arg(hq.seed) if hq else 0,
+        list(cp), x, absmax_workspace(x.device, p.nh + p.nl), key_arg(hq.seed) if hq else 0,
         key_arg(hla.seed) if hla else 0, step_counter(hq, hla)))
     return PassOutputs(*out)
 
@@ -180,17 +179,16 @@ _DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "flo
 
 def layer_backward(pg: PassPlan, pw: PassPlan, cg: NativePlan, cw: NativePlan, gy: torch.Tensor,
                    wt: torch.Tensor, qx: torch.Tensor, sx: torch.Tensor, hq: HQArgs,
-                   hla: HLAArgs, hq_w: HQArgs, gemm_kind: int, gx_dtype: torch.dtype,
-                   gw_dtype: torch.dtype):
+                   hla: HLAArgs, hq_w: HQArgs, step: Optional[torch.Tensor], gemm_kind: int,
+                   gx_dtype: torch.dtype, gw_dtype: torch.dtype):
     """[g_x, g_W, g_b or None] of one layer from the registered plans cg (g_y) and cw (W^T) in
-    one C++ call (csrc/binding.cpp layer_backward)."""
+    one C++ call (csrc/binding.cpp layer_backward); ``step``: the counter the seeds follow."""
     CALLS["layer_backward"] += 1
-    dev = gy.device
-    amax_g, eg = WORKSPACE.take(dev, pg.nh + pg.nl + 1)
-    amax_w, ew = WORKSPACE.take(dev, pw.nh + 1)
-    step = step_counter(hq, hla)
-    if step is not step_counter(hq_w, None):
-        raise ValueError("layer_backward: the g_y and W passes must follow the same step counter")
+    # One zeroed vector for both passes' maxima: one memset. The W pass's part starts on a
+    # 16-byte boundary, as the fresh vector of its first (Python) launch did: the compiled
+    # kernel may assume that alignment of its pointer arguments.
+    ng = (pg.nh + pg.nl + 3) // 4 * 4
+    amax = absmax_workspace(gy.device, ng + pw.nh)
     return _ext.result_or_raise(module().layer_backward(
-        list(cg), list(cw), gy, wt, qx, sx, pg.h16, amax_g, eg, amax_w, ew, key_arg(hq.seed),
+        list(cg), list(cw), gy, wt, qx, sx, amax[:ng], amax[ng:], key_arg(hq.seed),
         key_arg(hla.seed), key_arg(hq_w.seed), step, gemm_kind, _DT[gx_dtype], _DT[gw_dtype]))

@@ -4,7 +4,7 @@ data and the seeds, shared by the Python launch (hot.fast.quantize) and the C++ 
 
 A plan is cached per (shape, strides, dtype, device, HQ part, HLA part, bias sums): sizes, the
 compiled-kernel launchers, the grid and the constexpr switches. ``pass_args`` adds the per-call
-arguments (outputs, the absmax workspace's epoch, the seed keys) as named tuples whose field
+arguments (outputs, the absmax workspace, the seed keys) as named tuples whose field
 order is the kernels' parameter order.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import threading
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
@@ -22,7 +21,7 @@ from ..common import quant
 from ..common.config import BLOCK
 from ..common.ops import HLAArgs, HQArgs, ScaleMode, pad_to
 from ..common.options import on_change, options
-from ..common.walsh import hadamard16, hla_rows, sequency, sylvester
+from ..common.walsh import hla_rows, sequency, sylvester
 from .launch import Direct, Meta
 
 # Scale outputs are allocated in multiples of this many floats: csrc/binding.cpp's kScalePad.
@@ -40,10 +39,8 @@ class StatsArgs(NamedTuple):
     sxc: int
     R: int
     C: int
-    h: torch.Tensor
     hq_amax: torch.Tensor
     hla_amax: torch.Tensor
-    epoch: int
     bsum: torch.Tensor
 
 
@@ -87,7 +84,6 @@ class PassPlan:
     lr: int
     nh: int  # HQ scales (rows, 1 per tensor, 0 when HQ is off)
     nl: int  # HLA scales (columns, 1 per tensor, 0 when HLA is off)
-    h16: torch.Tensor
     stats: Callable
     quantize: Callable
     uid: int  # the launch cache key of this plan's kernels
@@ -142,11 +138,6 @@ def sel_code(rank: int, selection: str) -> int:
     return sum(order[k] << (4 * t) for t, k in enumerate(hla_rows(rank, selection)))
 
 
-@functools.lru_cache(maxsize=None)
-def _h16(device: torch.device) -> torch.Tensor:
-    return hadamard16().to(torch.float32).contiguous().to(device)
-
-
 def fixed_tile() -> bool:
     """Whether passes run on the one tile of options().tile (else Triton autotunes tiles)."""
     o = options()
@@ -182,35 +173,13 @@ def _dot_types(dtype: torch.dtype, dev: torch.device):
     return (tl.bfloat16 if dtype == torch.bfloat16 else tl.float16), "ieee"
 
 
-class _Workspace:
-    """The epoch-tagged absmax vector of the stats kernel, reused across calls (no memset).
-
-    One per (device, stream): calls on one stream run in order, so a call's stats kernel never
-    overlaps the previous call's quantize kernel. Each call takes the next epoch; an entry tagged
-    with an older epoch loses to the first atomic_max of the new call (kernels.quantize)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.buf: dict = {}  # (device, stream) -> [int64 tensor, last epoch]
-
-    def take(self, dev: torch.device, n: int) -> tuple[torch.Tensor, int]:
-        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # A CUDA graph replays the epoch it was captured with, so a reused vector would keep
-            # an earlier replay's maxima: inside a graph, a fresh zeroed vector per pass (its
-            # memset is part of the graph), epoch 1.
-            return torch.zeros(max(n, 1), dtype=torch.int64, device=dev), 1
-        stream = torch._C._cuda_getCurrentRawStream(dev.index) if dev.type == "cuda" else 0
-        with self.lock:
-            e = self.buf.get((dev, stream))
-            if e is None or e[0].numel() < n or e[1] >= (1 << 31) - 2:
-                # Zeros: epoch 0 is never used, so fresh entries lose to the first call's values.
-                e = self.buf[(dev, stream)] = [
-                    torch.zeros(max(n, 1 << 14), dtype=torch.int64, device=dev), 0]
-            e[1] += 1
-            return e[0], e[1]
+def absmax_workspace(dev: torch.device, n: int) -> torch.Tensor:
+    """A zeroed int32 vector of n entries for the stats kernel's atomic maxima: per pass, so that
+    nothing outlives a pass (a CUDA graph replays the memset with the pass, and no buffer made
+    while a graph pool is active outlives it)."""
+    return torch.zeros(max(n, 1), dtype=torch.int32, device=dev)
 
 
-WORKSPACE = _Workspace()
 _PLAN_IDS = itertools.count()
 
 
@@ -260,7 +229,7 @@ def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
                 1)
 
     grid = grid_of(tile_kw) if fixed else grid_of
-    return PassPlan(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, h16=_h16(dev), stats=stats,
+    return PassPlan(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, stats=stats,
                     quantize=quantize, uid=next(_PLAN_IDS), bsum=bsum, do_hq=hq is not None,
                     do_hla=hla is not None, hq_spad=pad_to(nh, SCALE_PAD),
                     hla_spad=pad_to(nl, SCALE_PAD), grid=grid, stats_meta=stats_meta,
@@ -275,22 +244,24 @@ def clear_plans() -> None:
 
 
 def plan_for(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
-             bsum: bool = False) -> PassPlan:
-    """The cached pass plan of x's shape, strides, dtype and device (hq / hla as in gy_pass)."""
+             bsum: bool = False, use_step: Optional[bool] = None) -> PassPlan:
+    """The cached pass plan of x's shape, strides, dtype and device (hq / hla as in gy_pass);
+    use_step: whether the seeds follow a step counter (found from hq / hla when None)."""
     r, c = x.shape
+    if use_step is None:
+        use_step = step_counter(hq, hla) is not None
     return _plan(r, c, x.stride(), x.dtype, x.device,
                  (hq.bits, hq.scale_mode, hq.stochastic) if hq else None,
                  (hla.rank, hla.selection, hla.bits, hla.scale_mode, hla.stochastic)
-                 if hla else None, bsum, step_counter(hq, hla) is not None)
+                 if hla else None, bsum, use_step)
 
 
 def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
               hla: Optional[HLAArgs]) -> tuple[StatsArgs, QuantizeArgs, PassOutputs]:
-    """The runtime arguments of one pass over x with plan p, and the outputs they fill. Takes the
-    next epoch of the absmax workspace."""
+    """The runtime arguments of one pass over x with plan p, and the outputs they fill."""
     r, c = x.shape
     dev = x.device
-    amax, epoch = WORKSPACE.take(dev, p.nh + p.nl + 1)
+    amax = absmax_workspace(dev, p.nh + p.nl)
     step = step_counter(hq, hla)
     hla_amax = amax[p.nh:] if p.nh else amax
     hq_q = hq_s = hla_q = hla_s = None
@@ -305,7 +276,7 @@ def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
         hla_s = torch.empty(p.hla_spad, dtype=torch.float32, device=dev).as_strided((p.nl, 1),
                                                                                     (1, 1))
     bsum = torch.empty((c, p.grid[0]), dtype=torch.float32, device=dev) if p.bsum else None
-    stats = StatsArgs(x, x.stride(0), x.stride(1), r, c, p.h16, amax, hla_amax, epoch,
+    stats = StatsArgs(x, x.stride(0), x.stride(1), r, c, amax, hla_amax,
                       bsum if bsum is not None else amax)
     quantize = QuantizeArgs(
         x, x.stride(0), x.stride(1), r, c, amax, hla_amax,

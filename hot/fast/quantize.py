@@ -50,11 +50,11 @@ def launch_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     """The pass of plan p over x launched from Python (bias sums left as per-tile partials);
     registers the plan's kernels for native launches."""
     stats_args, quantize_args, out = pass_args(x, p, hq, hla)
-    # Launch keys: the plan fixes every shape argument, the matrices and the alignment of the
-    # workspace view and of the fresh outputs. What varies is x's alignment, the epoch and the
-    # seed keys (Triton specializes ints on == 1 and divisibility by 16).
+    # Launch keys: the plan fixes every shape argument and the alignment of the workspace view
+    # and of the fresh outputs. What varies is x's alignment and the seed keys (Triton
+    # specializes ints on == 1 and divisibility by 16).
     xa = x.data_ptr() % 16 == 0
-    ks = p.stats(p.grid, stats_args, p.stats_meta, (p.uid, xa, spec(stats_args.epoch)))
+    ks = p.stats(p.grid, stats_args, p.stats_meta, (p.uid, xa))
     kq = p.quantize(p.grid, quantize_args, p.quantize_meta,
                     (p.uid, xa, spec(quantize_args.hq_key), spec(quantize_args.hla_key)))
     native.register(p, x, ks, kq, (len(stats_args), len(quantize_args)))

@@ -316,6 +316,9 @@ class ConvFn(torch.autograd.Function):
 def _setup_common(ctx, q, s, saved, w2d, key, exact, seq, need_gx, need_gw, in_features, x_dtype,
                   w_dtype, recompute, has_bias):
     ctx.mark_non_differentiable(q, s)
+    # q and s get no gradient: do not let autograd materialize zeros of their shapes for
+    # backward (an allocation and a memset of the codes' size per call).
+    ctx.set_materialize_grads(False)
     ctx.n_saved, ctx.recompute = len(saved), recompute
     ctx.save_for_backward(*saved, *((w2d,) if w2d is not None else ()))
     ctx.key, ctx.exact, ctx.seq = key, exact, seq

@@ -4,13 +4,12 @@ One pass over a 2-D tensor x serves hq_quantize, hla_quantize and the fused g_y 
 the same tiles). Absmax scales need a global reduction, so a pass is two launches over the same
 grid of (BLOCK_R x BLOCK_C) tiles:
 
-    stats_kernel: transform each tile and fold its absmax of each scale group into an int64
-        vector with atomic_max on (EPOCH << 32) | bit pattern of |t| (non-negative floats order
-        like their bit patterns, and a NaN's pattern 0x7FC00000 exceeds +Inf's, so NaN wins: it
-        propagates). EPOCH grows by one per pass, so a pass's first atomic_max on an entry
-        replaces whatever an earlier pass left there: the vector is a reused workspace that
-        needs no zeroing (every entry a pass reads is written by at least one of its tiles).
-        With DO_BSUM it also stores the tile's column sums of x (the bias gradient's partials).
+    stats_kernel: transform each tile and fold its absmax of each scale group into a zeroed
+        int32 vector with atomic_max on the bit pattern of |t| (non-negative floats order like
+        their bit patterns, and a NaN's pattern 0x7FC00000 exceeds +Inf's, so NaN wins: it
+        propagates). The vector is allocated per pass (its memset is one small kernel), so a
+        CUDA graph that replays the pass starts from zeros too. With DO_BSUM it also stores the
+        tile's column sums of x (the bias gradient's partials).
     quantize_kernel: transform again, scale = amax / qmax (1 where amax == 0, NaN/Inf propagate;
         written out by the first program of each row/column), r = 1 / scale once per group,
         v = t * r, round (hash-stream stochastic or half-even), store int8 codes.
@@ -167,21 +166,15 @@ def _abs_bits(t):
 
 
 @triton.jit
-def _tagged(a, epoch):
-    # (epoch << 32) | a for the epoch-tagged atomic max; a >= 0 (int32 bit pattern of |t|).
-    return (epoch.to(tl.int64) << 32) | a.to(tl.int64)
-
-
-@triton.jit
-def _scale(amax_tagged, QMAX: tl.constexpr):
-    a = (amax_tagged & 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+def _scale(amax_bits, QMAX: tl.constexpr):
+    a = amax_bits.to(tl.float32, bitcast=True)
     return tl.where(a == 0.0, 1.0, tl.math.div_rn(a, tl.full(a.shape, QMAX, tl.float32)))
 
 
 @triton.jit
 def _group_recip(amax_ptr, s_ptr, idx, mask, pid_r, pid_c, PER_GROUP: tl.constexpr,
                  ALONG_ROWS: tl.constexpr, QMAX: tl.constexpr):
-    """1 / scale of the tile's scale groups (_recip of _scale of the tagged absmax), writing the
+    """1 / scale of the tile's scale groups (_recip of _scale of the absmax bits), writing the
     scales out once: per group (groups ``idx`` along the tile's rows if ALONG_ROWS, else its
     columns) by the tiles of the first tile column (resp. row), per tensor (a scalar) by tile
     (0, 0)."""
@@ -281,13 +274,16 @@ def _load_blocks(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R: tl.constexpr,
 
 
 @triton.jit
-def _hq_t_dot(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, BLOCK_R: tl.constexpr,
+def _hq_t_dot(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R: tl.constexpr,
               BLOCK_C: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
               IDX64: tl.constexpr, EVEN: tl.constexpr):
-    """t (BLOCK_R, BLOCK_C) float32 = the tile times blockdiag(H16) by one K = 16 dot."""
+    """t (BLOCK_R, BLOCK_C) float32 = the tile times blockdiag(H16) by one K = 16 dot, with
+    H16[i, j] = (-1)^popcount(i & j) / 4 formed in registers."""
     xp = _load_blocks(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, IDX64, EVEN)
     i16 = tl.arange(0, 16)
-    h = tl.load(h_ptr + i16[:, None] * 16 + i16[None, :])
+    b = i16[:, None] & i16[None, :]
+    parity = (b ^ (b >> 1) ^ (b >> 2) ^ (b >> 3)) & 1
+    h = tl.where(parity == 1, -0.25, 0.25)
     t = tl.dot(xp.to(DOT_DTYPE), h.to(DOT_DTYPE), input_precision=PREC, out_dtype=tl.float32)
     return tl.reshape(t, (BLOCK_R, BLOCK_C))
 
@@ -361,15 +357,15 @@ def _hla_u(cols, jb, LR, key, NJ: tl.constexpr, BLOCK_C: tl.constexpr, RANK: tl.
 # ---------------------------------------------------------------- the two kernels
 
 
-@triton.jit(do_not_specialize=["epoch"])
+@triton.jit
 def stats_kernel(
-    x_ptr, sxr, sxc, R, C, h_ptr, hq_amax_ptr, hla_amax_ptr, epoch, bsum_ptr,
+    x_ptr, sxr, sxc, R, C, hq_amax_ptr, hla_amax_ptr, bsum_ptr,
     RANK: tl.constexpr, SEL: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     DO_BSUM: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
     EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """The epoch-tagged atomic max of |t| per scale group (module docstring). DO_BSUM (with
+    """The atomic max of |t|'s bits per scale group (module docstring). DO_BSUM (with
     DO_HLA): also the tile's column sums of x in float32, bsum[c, pid_r] (one store per column,
     no atomics, so the sum over pid_r that follows is deterministic), column-major so that sum
     is an inner-axis reduction."""
@@ -378,14 +374,14 @@ def stats_kernel(
     pid_c = tl.program_id(1)
     if DO_HQ:
         # Padding columns (C <= col < C16) count as zeros; blocks past C16 change no max.
-        t = _hq_t_dot(x_ptr, sxr, sxc, R, C, pid_r, pid_c, h_ptr, BLOCK_R, BLOCK_C, DOT_DTYPE,
+        t = _hq_t_dot(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, DOT_DTYPE,
                       PREC, IDX64, EVEN)
         rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         a = tl.max(_abs_bits(t), axis=1)
         if HQ_ROW:
-            tl.atomic_max(hq_amax_ptr + rows, _tagged(a, epoch), mask=rows < R, sem="relaxed")
+            tl.atomic_max(hq_amax_ptr + rows, a, mask=rows < R, sem="relaxed")
         else:
-            tl.atomic_max(hq_amax_ptr, _tagged(tl.max(a, axis=0), epoch), sem="relaxed")
+            tl.atomic_max(hq_amax_ptr, tl.max(a, axis=0), sem="relaxed")
     if DO_HLA:
         cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
         z, d = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64,
@@ -395,9 +391,9 @@ def stats_kernel(
             tl.store(bsum_ptr + _idx(cols, IDX64) * tl.num_programs(0) + pid_r,
                      tl.sum(d, axis=0), mask=cols < C)
         if HLA_ROW:
-            tl.atomic_max(hla_amax_ptr + cols, _tagged(a, epoch), mask=cols < C, sem="relaxed")
+            tl.atomic_max(hla_amax_ptr + cols, a, mask=cols < C, sem="relaxed")
         else:
-            tl.atomic_max(hla_amax_ptr, _tagged(tl.max(a, axis=0), epoch), sem="relaxed")
+            tl.atomic_max(hla_amax_ptr, tl.max(a, axis=0), sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["hq_key", "hla_key"])
