@@ -35,27 +35,42 @@ from .transforms import hq_transform
 TOKEN, TENSOR = 1, 0
 
 
+# Rows per chunk: the statistic is a sum over rows, so a wide g_y (an LM head's vocabulary) is
+# measured a slice at a time, never as a float32 copy of the whole transform.
+_CHUNK_ELEMENTS = 1 << 24
+
+
 def _rel_error(v: torch.Tensor) -> torch.Tensor:
-    """Per row: sum f (1 - f) / sum v^2 for v = t / s (float64), rows of v not all zero."""
+    """Per row: sum f (1 - f) / sum v^2 for v = t / s (float32, summed in float64), rows of v
+    not all zero."""
     f = v - torch.floor(v)
-    return (f * (1 - f)).sum(1) / v.square().sum(1)
+    return (f * (1 - f)).sum(1, dtype=torch.float64) / v.square().sum(1, dtype=torch.float64)
 
 
 def statistics(gy2d: torch.Tensor, bits: int) -> torch.Tensor:
     """(e_token, e_tensor, tokens counted) of one backward pass as float64 on gy2d's device."""
     with torch.no_grad():
-        t = hq_transform(gy2d).to(torch.float64)
-        amax = t.abs().amax(1) if t.numel() else t.new_zeros(t.shape[0])
+        rows = max(1, _CHUNK_ELEMENTS // max(1, gy2d.shape[1]))
+        chunks = gy2d.split(rows) if gy2d.shape[0] else ()
+        amax = [hq_transform(c).abs().amax(1) for c in chunks]
+        amax = torch.cat(amax) if amax else gy2d.new_zeros(0, dtype=torch.float32)
+        zero = torch.zeros(3, dtype=torch.float64, device=gy2d.device)
         if not bool(torch.isfinite(amax).all()):
-            return t.new_zeros(3)
+            return zero
         live = amax > 0
-        t, amax = t[live], amax[live]
-        if t.shape[0] == 0:
-            return t.new_zeros(3)
-        m = qmax(bits)
-        e_tok = _rel_error(t * (m / amax)[:, None]).sum()
-        e_ten = _rel_error(t * (m / amax.max())).sum()
-        return torch.stack([e_tok, e_ten, t.new_tensor(float(t.shape[0]))])
+        n = int(live.sum())
+        if n == 0:
+            return zero
+        m = float(qmax(bits))
+        top = amax.max()
+        e_tok = e_ten = zero[0]
+        for k, c in enumerate(chunks):
+            keep = live[k * rows:k * rows + c.shape[0]]
+            t = hq_transform(c)[keep]
+            a = amax[k * rows:k * rows + c.shape[0]][keep]
+            e_tok = e_tok + _rel_error(t * (m / a)[:, None]).sum()
+            e_ten = e_ten + _rel_error(t * (m / top)).sum()
+        return torch.stack([e_tok, e_ten, zero[0] + n])
 
 
 def choose(stats: torch.Tensor, ratio: float) -> int:

@@ -22,14 +22,25 @@ from .ops import pad_to
 from .walsh import hadamard16, hla_matrix
 
 
+# The matrices are cached on the CPU only and copied to the data's device per call: a device
+# copy cached on first use could be made while a CUDA graph's private memory pool is active
+# (LQS calibrates during torch.compile's warm-up), which the graph then finds alive in its pool.
 @functools.lru_cache(maxsize=None)
+def _hadamard_cpu(dtype: torch.dtype) -> torch.Tensor:
+    return hadamard16().to(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _hla_cpu(rank: int, selection: str, dtype: torch.dtype) -> torch.Tensor:
+    return hla_matrix(rank, selection).to(dtype)
+
+
 def _hadamard(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return hadamard16().to(device=device, dtype=dtype)
+    return _hadamard_cpu(dtype).to(device)
 
 
-@functools.lru_cache(maxsize=None)
 def _hla(rank: int, selection: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return hla_matrix(rank, selection).to(device=device, dtype=dtype)
+    return _hla_cpu(rank, selection, dtype).to(device)
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:

@@ -329,3 +329,17 @@ def test_lqs_keeps_calibrating_after_passes_with_nothing_to_learn():
 def test_config_values_of_the_wrong_type_name_the_field(make, field):
     with pytest.raises(hot.HOTConfigError, match=field):
         make()
+
+
+def test_lqs_statistic_is_the_same_measured_in_row_chunks(monkeypatch):
+    """The statistic is a sum over tokens, measured a slice of rows at a time for wide g_y (an LM
+    head's vocabulary would otherwise take a float32 copy of its whole transform): chunks of
+    3 rows give the one-chunk value up to float64 summation order."""
+    gy = _gy(3, tokens=40, width=48)
+    gy[7] *= 50
+    gy[20:23] = 0
+    whole = lqs.statistics(gy, 4)
+    monkeypatch.setattr(lqs, "_CHUNK_ELEMENTS", 3 * 48)
+    chunked = lqs.statistics(gy, 4)
+    assert float(chunked[2]) == float(whole[2]) == 37
+    torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=0)
