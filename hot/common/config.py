@@ -178,9 +178,15 @@ class HOTConfig:
     exact_steps: the first N backward calls of each layer use exact gradients (and save x).
     int8_steps: after those, N more calls run the g_x path at 8 bits (the paper's pre-training
         schedule runs INT8 for the first epochs, then the target bit width).
-    seed: None draws each stochastic-rounding seed from torch's default CPU generator (so
-        ``torch.manual_seed`` makes runs repeatable); an int derives seeds from
-        (seed, layer, step) without touching any torch generator.
+    seed: the base of every stochastic-rounding seed, hashed with (layer, step, operand, rank);
+        None uses ``torch.initial_seed()`` (the last ``torch.manual_seed``), so runs repeat under
+        the same torch seed. No torch generator is ever drawn from.
+    min_in_features: a layer whose input width (in_features; C * kh * kw for a convolution) is
+        below this runs its backward exactly, as autograd would (in its own dtype, keeping x),
+        and never quantizes: HOT's quantizer passes cost about as much as narrow layers' GEMMs
+        save (on an H100, ViT-B's 768-wide layers ran their HOT backward at 0.6-0.9x of BF16,
+        its 3072-wide fc2 and Llama's 4096-wide layers at 1.1-2.0x; docs/performance.md).
+        0 (default, the paper's setting): every converted layer runs HOT.
     """
 
     hq: HQConfig = field(default_factory=HQConfig)
@@ -189,6 +195,7 @@ class HOTConfig:
     exact_steps: int = 0
     int8_steps: int = 0
     seed: Optional[int] = None
+    min_in_features: int = 0
 
     def __post_init__(self) -> None:
         for name, cls in (("hq", HQConfig), ("hla", HLAConfig), ("lqs", LQSConfig)):
@@ -198,7 +205,7 @@ class HOTConfig:
                     f"HOTConfig.{name}={v!r} must be a hot.{cls.__name__} "
                     f"({type(v).__name__} given); e.g. HOTConfig({name}=hot.{cls.__name__}(...)), "
                     f"or HOTConfig().replace({name}={{...}}) to change some fields.")
-        for name in ("exact_steps", "int8_steps"):
+        for name in ("exact_steps", "int8_steps", "min_in_features"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise HOTConfigError(f"HOTConfig.{name}={v!r} must be a non-negative int.")

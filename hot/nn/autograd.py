@@ -406,7 +406,8 @@ def _recompute(layer, x: torch.Tensor) -> bool:
 def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int):
     """(need_gx, need_gw, exact, seq, rank, bits, row, recompute): the constants of this call."""
     h = layer.hot_config.hla
-    exact = layer._hot_exact_phase or x.numel() == 0
+    exact = layer._hot_exact_phase or x.numel() == 0 \
+        or layer.hot_in_features() < layer.hot_config.min_in_features
     return (x.requires_grad, w.requires_grad, exact, seq, h.rank, h.bits or 0,
             h.scale == "channel", _recompute(layer, x))
 

@@ -119,6 +119,11 @@ class _HOTMixin:
         d["_hot_exact_phase"] = step + 1 < self.hot_config.exact_steps
         return step
 
+    def hot_in_features(self) -> int:
+        """The width of the rows HOT quantizes for this layer's input: in_features, or
+        C * kh * kw for a convolution."""
+        return self.weight[0].numel()
+
     def hot_lqs_value(self) -> int:
         return self._hot_lqs_value
 

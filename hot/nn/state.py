@@ -82,9 +82,10 @@ def layer_seed(layer, cfg: HOTConfig, operand: int, step: int) -> StepSeed:
 
 def make_plan(layer, cfg: HOTConfig, backend: str, seq: int, empty: bool = False) -> LayerPlan:
     """The plan of one forward call. An input without tokens (an empty batch, an expert that got
-    none) runs exactly: its gradients are empty or zero, with nothing to quantize."""
+    none) runs exactly: its gradients are empty or zero, with nothing to quantize; so does a layer
+    narrower than HOTConfig.min_in_features."""
     step = layer.hot_step_value()
-    exact = step < cfg.exact_steps or empty
+    exact = step < cfg.exact_steps or empty or layer.hot_in_features() < cfg.min_in_features
     seed_x = 0 if exact or not cfg.hla.bits or cfg.hla.rounding != "stochastic" \
         else layer_seed(layer, cfg, ABC_X, step)
     return LayerPlan(cfg, backend, exact, seq, seed_x)

@@ -343,3 +343,19 @@ def test_lqs_statistic_is_the_same_measured_in_row_chunks(monkeypatch):
     chunked = lqs.statistics(gy, 4)
     assert float(chunked[2]) == float(whole[2]) == 37
     torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=0)
+
+
+def test_layers_narrower_than_min_in_features_run_exactly():
+    """min_in_features=32: the last, 16-wide layer (which gets the loss's exact g_y) has
+    autograd's gradients up to float32 rounding; the 32-wide first layer's are HOT's (quantized:
+    far from exact)."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 8))
+    net = hot.convert(copy.deepcopy(plain), hot.HOTConfig(min_in_features=32), backend="reference")
+    x = torch.randn(64, 32)
+    plain(x).square().sum().backward()
+    net(x).square().sum().backward()
+    rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
+    assert rel(net[2].weight.grad, plain[2].weight.grad) < 1e-5  # exact
+    assert rel(net[0].weight.grad, plain[0].weight.grad) > 1e-2  # quantized
+    assert net[2].hot_step_value() == 1  # counted all the same
