@@ -18,8 +18,8 @@ state at run time:
         -> (g_x2d, g_W2d, g_b)   (empty when not needed; with recompute, saved0 = x2d and
                                   saved1 = the forward's step: the ABC codes are formed here)
 
-``LinearFn`` / ``ConvFn`` wire them: forward runs the forward operator, setup_context keeps
-what backward needs (one convention for both layer types: the ABC codes, or x while exact or
+``LinearFn`` / ``ConvFn`` wire them: forward runs the forward operator and keeps what backward
+needs (one convention for both layer types: the ABC codes, or x while exact or
 recomputing), backward runs hot::layer_bwd. The backward is not itself differentiable
 (once_differentiable): a double backward through a HOT layer raises instead of returning the
 wrong Hessian-vector product. The one switch between eager and traced use is
@@ -182,11 +182,11 @@ def _linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], k
         y = F.linear(x2d, w, b)
         plan = _live_plan(layer, x2d, seq, exact, rank, bits, row, recompute)
         if need_gw and not exact:
-            if recompute:  # setup_context keeps x2d
+            if recompute:  # LinearFn.forward keeps x2d
                 return y, _empty(y), _step_snapshot(layer)
             q, s = abc_codes(plan, x2d)
             return y, q.contiguous(), s.contiguous()
-    # While exact, x2d itself is kept (setup_context saves the input: no copy).
+    # While exact, x2d itself is kept (LinearFn.forward saves the input: no copy).
     return y, _empty(y), _empty(y)
 
 
@@ -208,18 +208,18 @@ linear_fwd = _def("linear_fwd(Tensor x2d, Tensor w, Tensor? b, int key, bool nee
 class LinearFn(torch.autograd.Function):
     """hot::linear_fwd with its backward (hot::layer_bwd)."""
 
+    # forward(ctx, ...) rather than forward + setup_context: Function.apply binds the arguments
+    # of a setup_context Function through inspect.signature on every call (host time).
     @staticmethod
-    def forward(*args):
-        return _call(linear_fwd, _linear_fwd, *args)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute = inputs
-        _, q, s = output
+    def forward(ctx, x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute):
+        out = _call(linear_fwd, _linear_fwd, x2d, w, b, key, need_gx, need_gw, exact, seq, rank,
+                    bits, row, recompute)
+        _, q, s = out
         recompute = recompute and not exact
         saved = ((x2d,) if exact else (x2d, s) if recompute else (q, s)) if need_gw else ()
         _setup_common(ctx, q, s, saved, w if need_gx else None, key, exact, seq, need_gx,
                       need_gw, x2d.shape[1], x2d.dtype, w.dtype, recompute, b is not None)
+        return out
 
     @staticmethod
     @once_differentiable
@@ -242,7 +242,7 @@ def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: 
         plan = _live_plan(layer, x, seq, exact, rank, bits, row, recompute)
         if not need_gw:
             return y, _empty(y), _empty(y)
-        if recompute and not exact:  # setup_context keeps x
+        if recompute and not exact:  # ConvFn.forward keeps x
             return y, _empty(y), _step_snapshot(layer)
         rows = patches(x, w.shape[-2:], stride, padding, dilation)
         if exact:  # the patches themselves (a transient of kh*kw times x)
@@ -275,14 +275,11 @@ class ConvFn(torch.autograd.Function):
     """hot::conv_fwd with its backward (hot::layer_bwd, then F.fold)."""
 
     @staticmethod
-    def forward(*args):
-        return _call(conv_fwd, _conv_fwd, *args)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        (x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank, bits, row,
-         recompute) = inputs
-        _, q, s = output
+    def forward(ctx, x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank,
+                bits, row, recompute):
+        out = _call(conv_fwd, _conv_fwd, x, w, b, key, stride, padding, dilation, need_gx,
+                    need_gw, exact, seq, rank, bits, row, recompute)
+        _, q, s = out
         recompute = recompute and not exact
         saved = ((q,) if exact else (x, s) if recompute else (q, s)) if need_gw else ()
         _setup_common(ctx, q, s, saved, w.reshape(w.shape[0], -1) if need_gx else None, key,
@@ -290,6 +287,7 @@ class ConvFn(torch.autograd.Function):
                       b is not None)
         ctx.geom = (tuple(stride), tuple(padding), tuple(dilation))
         ctx.x_shape, ctx.w_shape = tuple(x.shape), tuple(w.shape)
+        return out
 
     @staticmethod
     @once_differentiable
@@ -406,8 +404,9 @@ def _recompute(layer, x: torch.Tensor) -> bool:
 def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int):
     """(need_gx, need_gw, exact, seq, rank, bits, row, recompute): the constants of this call."""
     h = layer.hot_config.hla
+    narrow = layer.hot_config.min_in_features
     exact = layer._hot_exact_phase or x.numel() == 0 \
-        or layer.hot_in_features() < layer.hot_config.min_in_features
+        or (narrow > 0 and layer.hot_in_features() < narrow)
     return (x.requires_grad, w.requires_grad, exact, seq, h.rank, h.bits or 0,
             h.scale == "channel", _recompute(layer, x))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import copyreg
+import math
 import zlib
 from typing import Optional
 
@@ -122,7 +123,7 @@ class _HOTMixin:
     def hot_in_features(self) -> int:
         """The width of the rows HOT quantizes for this layer's input: in_features, or
         C * kh * kw for a convolution."""
-        return self.weight[0].numel()
+        return math.prod(self.weight.shape[1:])
 
     def hot_lqs_value(self) -> int:
         return self._hot_lqs_value

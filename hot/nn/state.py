@@ -85,7 +85,8 @@ def make_plan(layer, cfg: HOTConfig, backend: str, seq: int, empty: bool = False
     none) runs exactly: its gradients are empty or zero, with nothing to quantize; so does a layer
     narrower than HOTConfig.min_in_features."""
     step = layer.hot_step_value()
-    exact = step < cfg.exact_steps or empty or layer.hot_in_features() < cfg.min_in_features
+    exact = (step < cfg.exact_steps or empty
+             or (cfg.min_in_features > 0 and layer.hot_in_features() < cfg.min_in_features))
     seed_x = 0 if exact or not cfg.hla.bits or cfg.hla.rounding != "stochastic" \
         else layer_seed(layer, cfg, ABC_X, step)
     return LayerPlan(cfg, backend, exact, seq, seed_x)
