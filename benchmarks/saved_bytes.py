@@ -10,7 +10,7 @@ Counted with saved-tensor hooks (hot.analysis.saved: each storage once, paramete
 torch.compile the partitioner decides what to keep, so this is where HLAConfig(abc="recompute")
 and ``--rc-flag`` (torch._functorch.config.ban_recompute_materialized_backward = False) show.
 hot_rc = HOT with abc="recompute". The GPU peak of the full step is hot.bench.e2e's job; this
-count explains it (docs/performance.md, round 6).
+count explains it (docs/performance.md, "Memory").
 """
 import argparse
 import contextlib

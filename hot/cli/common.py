@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from typing import Iterable, Optional
@@ -26,8 +25,10 @@ def log(msg: str) -> None:
 
 
 def progress_enabled() -> bool:
-    """Whether the subcommands show progress; HOT_NO_PROGRESS=1 turns it off."""
-    return os.environ.get("HOT_NO_PROGRESS") != "1"
+    """Whether the subcommands show progress; HOT_NO_PROGRESS=1 turns it off (options)."""
+    from ..common.options import options
+
+    return options().progress
 
 
 def progress(it: Iterable, desc: str, total: Optional[int] = None, leave: bool = False):

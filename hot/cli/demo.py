@@ -18,8 +18,7 @@ from .trainer import RunSpec, train_run
 
 # Sized so that FP32 + HOT (reference backend) + 6 evaluations + plot finish in under 5 minutes
 # on two CPU cores: 252-278 s end to end on the CI's 2-vCPU VM for seeds 0-4 (FP32 141-183
-# ms/step, HOT 330-376 ms/step, 471 steps each; 273 s for seed 0 in session 3, HOT at 311-350
-# ms/step after the integer-GEMM change); a fourth epoch would add about 75-95 s.
+# ms/step, HOT 311-376 ms/step, 471 steps each); a fourth epoch would add about 75-95 s.
 # docs/cli.md has the measurements and the accuracy gap they give (mean 0.97 points).
 DEFAULTS = dict(train_size=20000, test_size=10000, epochs=3, batch_size=128, dim=64, depth=4,
                 patch=4)

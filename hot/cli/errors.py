@@ -6,7 +6,6 @@ stdout. A failure the command did not foresee (a bug) gets the same one line, wi
 from __future__ import annotations
 
 import json
-import os
 import sys
 import traceback
 
@@ -28,7 +27,9 @@ class UsageError(CLIError):
 
 def debug_enabled(argv: list[str]) -> bool:
     """--debug on the command line, or HOT_DEBUG=1: show tracebacks."""
-    return "--debug" in argv or os.environ.get("HOT_DEBUG") == "1"
+    from ..common.options import options
+
+    return "--debug" in argv or options().debug
 
 
 def _expected() -> tuple:

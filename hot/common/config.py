@@ -103,7 +103,7 @@ class HLAConfig:
         compiler rebuild x in backward from what other ops keep (a LayerNorm's input, a
         pre-activation) instead of saving it. Eagerly the work only moves from forward to
         backward (under compile the compiler also recomputes x). Where it applies, a layer
-        keeps nothing of its own (docs/performance.md, round 6); under compile the rebuilt x
+        keeps nothing of its own (docs/performance.md, "Memory"); under compile the rebuilt x
         may differ from the forward's by the rounding of the compiler's recomputation.
         "recompute" keeps more where x is not kept anyway, except for convs whose patches'
         codes outgrow x (a 3x3 stride-1 conv's take 4.5 bytes per element of x).

@@ -16,6 +16,7 @@ HOT_JIT_BUILD          jit_build                  1: compile csrc/ on first use 
 HOT_JIT_CACHE          jit_cache                  where a JIT build goes (~/.cache/hot/jit)
 HOT_EXT_SO             ext_so                     load the extension from this file
 HOT_NO_PROGRESS        progress                   1: no progress bars in the ``hot`` command
+HOT_DEBUG              debug                      1: the ``hot`` command prints tracebacks
 =====================  =========================  =============================================
 
 Build-time variables (read by setup.py and csrc/build_config.py, not at run time):
@@ -79,6 +80,7 @@ class Options:
     jit_cache: Optional[str] = None
     ext_so: Optional[str] = None
     progress: bool = True
+    debug: bool = False
     interpret: bool = False
 
 
@@ -127,6 +129,7 @@ def from_env(env=None) -> Options:
         jit_cache=env.get("HOT_JIT_CACHE") or None,
         ext_so=env.get("HOT_EXT_SO") or None,
         progress=not _flag(env, "HOT_NO_PROGRESS", False),
+        debug=_flag(env, "HOT_DEBUG", False),
         interpret=_flag(env, "TRITON_INTERPRET", False),
     )
 

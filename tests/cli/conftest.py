@@ -1,13 +1,20 @@
 import contextlib
 import io
 import json
-import os
 
 import pytest
 
 from hot.cli.main import main
 
-os.environ["HOT_NO_PROGRESS"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def _no_progress():
+    """No progress bars in the CLI tests (HOT_NO_PROGRESS=1 through the options)."""
+    from hot.common.options import override
+
+    with override(progress=False):
+        yield
 
 
 @pytest.fixture

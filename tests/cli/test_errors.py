@@ -128,8 +128,11 @@ def test_unexpected_exception_is_one_line_with_a_debug_hint(run_text, run_cli, m
     rc, _, err = run_text("gbops", "--debug")
     assert rc == 2 and "Traceback" in err and "in boom" in err
     assert err.strip().splitlines()[-1] == line
-    monkeypatch.setenv("HOT_DEBUG", "1")
-    rc, _, err = run_text("gbops")
+    from hot.common.options import from_env, override
+
+    assert from_env({"HOT_DEBUG": "1"}).debug is True
+    with override(debug=True):
+        rc, _, err = run_text("gbops")
     assert rc == 2 and "Traceback" in err
 
 

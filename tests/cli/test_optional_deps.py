@@ -24,7 +24,10 @@ def no_tqdm(monkeypatch):
     for m in [m for m in sys.modules if m == "tqdm" or m.startswith("tqdm.")]:
         monkeypatch.delitem(sys.modules, m)
     monkeypatch.setitem(sys.modules, "tqdm", None)
-    monkeypatch.delenv("HOT_NO_PROGRESS", raising=False)
+    from hot.common.options import override
+
+    with override(progress=True):
+        yield
 
 
 def test_train_without_matplotlib_writes_results_and_skips_the_plot(run_text, no_matplotlib,
@@ -61,11 +64,13 @@ def test_progress_without_tqdm_is_plain_lines(no_tqdm, capsys):
 
 
 def test_progress_setting_is_read_through_one_function(no_tqdm, monkeypatch, capsys):
+    from hot.common.options import from_env, override
+
     items = [1, 2]
-    monkeypatch.setenv("HOT_NO_PROGRESS", "1")
-    assert not common.progress_enabled()
-    assert common.progress(items, "x") is items
-    monkeypatch.delenv("HOT_NO_PROGRESS")
+    assert from_env({"HOT_NO_PROGRESS": "1"}).progress is False
+    with override(progress=False):
+        assert not common.progress_enabled()
+        assert common.progress(items, "x") is items
     monkeypatch.setattr(common, "progress_enabled", lambda: False)
     assert common.progress(items, "x") is items
     assert capsys.readouterr().err == ""
