@@ -117,7 +117,8 @@ for f in e2e llm; do
 import json, sys
 for d in json.load(open(sys.argv[1])):
     print(d.get("mode"), "step_ms", round(d.get("step_ms", -1), 2), "min", round(d.get("min_ms", -1), 2),
-          "peak", round(d.get("peak_GiB", -1), 2), "loss", (d.get("losses") or [None])[-1], d.get("error", ""))
+          "peak", round(d.get("peak_GiB", -1), 2),
+          "reserved", round(d.get("peak_reserved_GiB") or -1, 2), "loss", (d.get("losses") or [None])[-1], d.get("error", ""))
 EOF
 done
 exit 0

@@ -316,6 +316,9 @@ def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
            "step_ms": times[len(times) // 2] if times else None,
            "min_ms": times[0] if times else None,
            "peak_GiB": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+           # CUDA graphs keep their intermediates in a private pool that is reserved, not
+           # allocated, between replays: only the reserved peak shows what such a mode needs.
+           "peak_reserved_GiB": torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
            "loss": losses[-1], "losses": [round(v, 4) for v in losses], "warmup_s": warm_s,
            **facts}
     if times:
