@@ -15,6 +15,9 @@
 #   profile    benchmarks/host_profile.py (host time of one layer backward), also for .baseline/
 #   e2e        python -m hot.bench.e2e (ViT-B/16 step; modes from $E2E_MODES)
 #   llm        python -m hot.bench.e2e --model llama-1b (modes from $LLM_MODES)
+#   study      python -m hot.bench.study run (TinyViT on Fashion-MNIST carried under .data/fmnist;
+#              $STUDY_SETTINGS, $STUDY_SEEDS, $STUDY_WORKERS, $STUDY_LIMIT seconds); the cells come
+#              back as study_cells.tgz: unpacked under .data/study, unfinished ones resume there
 #
 # Expects the nvidia-cutlass wheel (and torchao, for the float8 peers) under .whl/ (carried).
 set -u
@@ -105,6 +108,18 @@ esac
 case "$what" in *" llm "*)
   timeout 560 python3 -m hot.bench.e2e --model llama-1b --modes "${LLM_MODES:-bf16_compile,hot_compile}" \
     --json "$OUT/llm.json" > "$OUT/llm.log" 2>&1 || tail -20 "$OUT/llm.log"
+esac
+case "$what" in *" study "*)
+  mkdir -p "$OUT/study"; [ -d .data/study ] && cp -r .data/study/. "$OUT/study/"
+  python3 -m hot.bench.study run --out "$OUT/study" --data-root .data/fmnist \
+    --settings "${STUDY_SETTINGS:-fp32,bf16,paper,rank16,rank4,warmup1}" --seeds "${STUDY_SEEDS:-0,1,2}" \
+    --workers "${STUDY_WORKERS:-9}" --time-limit "${STUDY_LIMIT:-480}" > "$OUT/study.log" 2>&1
+  # Finished cells need no checkpoint; the cells come back as one archive (the device tool
+  # returns few files and shallow trees), unfinished ones with their checkpoints to resume.
+  for m in $(find "$OUT/study" -name metrics.json); do rm -f "$(dirname "$m")/checkpoint.pt"; done
+  cp "$OUT/study/study.md" "$OUT/study/study.json" "$OUT/" 2>/dev/null
+  tar czf "$OUT/study_cells.tgz" -C "$OUT/study" . && rm -rf "$OUT/study"
+  tail -12 "$OUT/study.log"
 esac
 # The short table, last.
 [ -f "$OUT/gpu_tests.log" ] && echo "== GPU test files:" && grep -E "^== |[0-9]+ (passed|failed)" "$OUT/gpu_tests.log"

@@ -108,6 +108,8 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
                    help="exact warm-up backward steps")
     g.add_argument("--int8-steps", type=T.nonnegative_int, default=0,
                    help="steps with the g_x path at 8 bits after the warm-up")
+    g.add_argument("--exact-from", type=T.nonnegative_int, default=None,
+                   help="exact backward from this step on (a cool-down; default: never)")
     g.add_argument("--backend", choices=("auto", "reference", "fast"), default=None,
                    help="HOT backend (default: $HOT_BACKEND, else auto)")
 
@@ -118,7 +120,8 @@ def hot_config(args) -> hot.HOTConfig:
         hla=hot.HLAConfig(rank=args.hla_rank, selection=args.hla_selection,
                           blocking=args.hla_blocking, bits=args.hla_bits, abc=args.abc),
         lqs=hot.LQSConfig(ratio=args.lqs_ratio),
-        exact_steps=args.exact_steps, int8_steps=args.int8_steps)
+        exact_steps=args.exact_steps, int8_steps=args.int8_steps,
+        exact_from=args.exact_from)
 
 
 def device_from(name: Optional[str]) -> torch.device:

@@ -176,6 +176,9 @@ class HOTConfig:
     """Everything that defines HOT's backward pass for one layer.
 
     exact_steps: the first N backward calls of each layer use exact gradients (and save x).
+    exact_from: None, or from a layer's backward call N on (0-based) its gradients are exact
+        again: an exact cool-down for the last steps of a schedule (N = the step the cool-down
+        starts at; with one backward per layer and optimizer step, total steps minus its length).
     int8_steps: after those, N more calls run the g_x path at 8 bits (the paper's pre-training
         schedule runs INT8 for the first epochs, then the target bit width).
     seed: the base of every stochastic-rounding seed, hashed with (layer, step, operand, rank);
@@ -196,6 +199,7 @@ class HOTConfig:
     int8_steps: int = 0
     seed: Optional[int] = None
     min_in_features: int = 0
+    exact_from: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name, cls in (("hq", HQConfig), ("hla", HLAConfig), ("lqs", LQSConfig)):
@@ -209,9 +213,18 @@ class HOTConfig:
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise HOTConfigError(f"HOTConfig.{name}={v!r} must be a non-negative int.")
+        if self.exact_from is not None and (not _is_int(self.exact_from) or self.exact_from < 0):
+            raise HOTConfigError(f"HOTConfig.exact_from={self.exact_from!r} must be None or a "
+                                 f"non-negative int (the backward call the exact cool-down "
+                                 f"starts at).")
         if self.seed is not None and not _is_int(self.seed):
             raise HOTConfigError(f"HOTConfig.seed={self.seed!r} must be an int or None "
                                  f"({type(self.seed).__name__} given).")
+
+    def exact_at(self, step: int) -> bool:
+        """Whether a layer's backward call ``step`` (0-based) is exact: inside the warm-up
+        (exact_steps) or the cool-down (exact_from)."""
+        return step < self.exact_steps or (self.exact_from is not None and step >= self.exact_from)
 
     @classmethod
     def paper(cls) -> "HOTConfig":

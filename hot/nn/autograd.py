@@ -31,8 +31,8 @@ else). Reshapes and F.fold stay outside the operators, in traced code.
 dynamo bakes it into the graph and no step recompiles. Everything that fixes the saved tensors'
 shapes is an explicit constant argument read from the layer while tracing (dynamo guards on
 each value): HLA rank / bits / scale, the blocking length ``seq``, which gradients are needed,
-and the phase ``exact`` (a bool that flips once, so the end of ``exact_steps`` recompiles once,
-while the step counter never does). The operators check these constants against the layer's
+and the phase ``exact`` (a bool that flips at most twice, so the end of ``exact_steps`` and the
+start of ``exact_from`` recompile once each, while the step counter never does). The operators check these constants against the layer's
 live state and raise on a stale graph instead of computing with the wrong plan.
 
 Operators that are not ATen builtins are never recomputed in backward by AOT autograd's
@@ -124,6 +124,10 @@ def _check_capturable(layer, device: torch.device) -> None:
     elif layer.hot_step_value() < cfg.exact_steps + cfg.int8_steps:
         why = (f"it is at step {layer.hot_step_value()}, inside exact_steps + int8_steps = "
                f"{cfg.exact_steps + cfg.int8_steps}")
+    elif cfg.exact_from is not None and layer.hot_step_value() < cfg.exact_from:
+        # a replay would go on running HOT past the cool-down's start
+        why = (f"it is at step {layer.hot_step_value()}, before its exact cool-down starts at "
+               f"exact_from = {cfg.exact_from}")
     elif cfg.hq.bits and cfg.hq.gy_scale == "auto" and layer.hot_lqs_value() < 0:
         why = "LQS has not decided yet (calibration runs on the host)"
     if why is not None:

@@ -9,8 +9,8 @@ For a layer y = x W^T + b with tokens flattened to rows (x: L x I, g_y: L x O):
               g_b = sum over tokens of g_y                                      (exact)
 
 A frozen weight skips ABC and the g_W path; an input that needs no gradient skips the g_x path
-and does not keep W. During the layer's first ``exact_steps`` backward calls everything is exact
-(and x is kept). With ``HLAConfig.abc == "recompute"`` a layer keeps x and forms (q_x, s_x) in
+and does not keep W. During the layer's first ``exact_steps`` backward calls, and from call ``exact_from`` on,
+everything is exact (and x is kept). With ``HLAConfig.abc == "recompute"`` a layer keeps x and forms (q_x, s_x) in
 backward with the forward's seed: the same codes; "auto" does so where keeping x is free.
 """
 

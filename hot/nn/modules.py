@@ -75,7 +75,7 @@ class _HOTMixin:
         # synchronize the GPU; writing it (fill_) does not.
         self._hot_step_value = 0
         self._hot_lqs_value = LQS_UNDECIDED
-        self._hot_exact_phase = config.exact_steps > 0
+        self._hot_exact_phase = config.exact_at(0)
         self._hot_key = autograd.register(self)
 
     def __setstate__(self, state):
@@ -117,7 +117,7 @@ class _HOTMixin:
         d["_hot_step_value"] = step + 1
         self.hot_step.add_(1)
         # The compile path traces this bool, not the step, so only the phase change recompiles.
-        d["_hot_exact_phase"] = step + 1 < self.hot_config.exact_steps
+        d["_hot_exact_phase"] = self.hot_config.exact_at(step + 1)
         return step
 
     def hot_in_features(self) -> int:
@@ -163,7 +163,7 @@ class _HOTMixin:
                 error_msgs.append(f"HOT layer {self.hot_name!r}: {prefix}hot_lqs = "
                                   f"{self._hot_lqs_value} is not -1, 0 or 1")
                 self._hot_lqs_value = LQS_UNDECIDED
-            self._hot_exact_phase = self._hot_step_value < self.hot_config.exact_steps
+            self._hot_exact_phase = self.hot_config.exact_at(self._hot_step_value)
 
     def _backend_for(self, device: torch.device) -> str:
         key = (str(device), self.hot_backend)
@@ -200,7 +200,7 @@ class _HOTMixin:
 
     def set_hot_config(self, config: HOTConfig) -> None:
         self.hot_config = config
-        self._hot_exact_phase = self._hot_step_value < config.exact_steps
+        self._hot_exact_phase = config.exact_at(self._hot_step_value)
 
     def hot_extra_repr(self) -> str:
         c = self.hot_config

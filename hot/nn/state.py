@@ -39,7 +39,7 @@ class LayerPlan:
 
     config: HOTConfig
     backend: str
-    exact: bool  # this call is within exact_steps: x is saved, gradients are exact
+    exact: bool  # in exact_steps or past exact_from: x is saved, gradients are exact
     seq: int  # rows per sequence for blocking='sequence', else 0
     seed_x: "int | StepSeed"  # stochastic-rounding seed of the ABC codes
 
@@ -85,7 +85,7 @@ def make_plan(layer, cfg: HOTConfig, backend: str, seq: int, empty: bool = False
     none) runs exactly: its gradients are empty or zero, with nothing to quantize; so does a layer
     narrower than HOTConfig.min_in_features."""
     step = layer.hot_step_value()
-    exact = (step < cfg.exact_steps or empty
+    exact = (cfg.exact_at(step) or empty
              or (cfg.min_in_features > 0 and layer.hot_in_features() < cfg.min_in_features))
     seed_x = 0 if exact or not cfg.hla.bits or cfg.hla.rounding != "stochastic" \
         else layer_seed(layer, cfg, ABC_X, step)

@@ -39,10 +39,19 @@ def test_bad_lqs_values(kw):
         LQSConfig(**kw)
 
 
-@pytest.mark.parametrize("name", ["exact_steps", "int8_steps"])
+@pytest.mark.parametrize("name", ["exact_steps", "int8_steps", "exact_from"])
 def test_negative_schedule_rejected(name):
     with pytest.raises(HOTConfigError, match=f"{name}=-1"):
         HOTConfig(**{name: -1})
+
+
+def test_exact_from_phases():
+    c = HOTConfig(exact_steps=2, exact_from=5)
+    assert [c.exact_at(s) for s in range(7)] == [True, True, False, False, False, True, True]
+    assert not any(HOTConfig().exact_at(s) for s in (0, 10**9))
+    assert HOTConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(HOTConfigError, match="exact_from=2.5"):
+        HOTConfig(exact_from=2.5)
 
 
 def test_paper_and_exact_presets():

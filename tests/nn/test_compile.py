@@ -111,6 +111,22 @@ def test_phases_recompile_once_not_per_step():
     assert _steps(mc) == [4, 4]
 
 
+def test_exact_cool_down_recompiles_once():
+    """exact_from=2: steps 0-1 HOT, 2-3 exact; compiled training equals eager, with one
+    recompile where the phase flips."""
+    cfg = hot.HOTConfig(seed=3, exact_from=2)
+    base = _mlp()
+    me = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    mc = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    batches = _batches((2, 16, 32), 16, n=4)
+    eager = _train(me, me, batches)
+    cnt = CompileCounterWithBackend("aot_eager")
+    comp = _train(mc, torch.compile(mc, backend=cnt, fullgraph=True), batches)
+    _assert_same_training(eager, comp)
+    assert cnt.frame_count == 2
+    assert _steps(mc) == [4, 4]
+
+
 def test_tiny_vit_sequence_blocking_and_global_rng_seeds():
     """TinyViT (attention, GELU, LayerNorm, CLS slicing) with blocking='sequence' and seed=None:
     seeds come from torch's default generator, so the compiled ops must draw them in eager

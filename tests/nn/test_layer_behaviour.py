@@ -192,6 +192,30 @@ def test_exact_steps_then_hot():
     assert int(model[0].hot_step) == 3
 
 
+def test_exact_from_cools_down_to_exact_gradients():
+    """exact_from=1: step 0 runs HOT, steps 1 and 2 are exact again (within float32 rounding),
+    also after a state_dict round trip into a fresh HOT copy, which resumes at step 2."""
+    plain = _lin()
+    cfg = hot.HOTConfig(exact_from=1)
+    model = hot_copy(wrap(plain), cfg)
+    x = torch.randn(32, 24, requires_grad=True)
+    gy = torch.randn(32, 20)
+    gx_ref, g_ref = grads(wrap(plain), x, gy)
+    bound = _fp32_gx_bound(gy, plain.weight.detach())
+    gw_bound = 2 * _gamma32(32) * (gy.abs().T @ x.detach().abs())
+
+    def exact(m):
+        gx, g = grads(m, x, gy)
+        return (((gx - gx_ref).abs() <= bound).all()
+                and ((g["0.weight"] - g_ref["0.weight"]).abs() <= gw_bound).all())
+
+    assert not exact(model)
+    assert exact(model)
+    again = hot_copy(wrap(plain), cfg)
+    again.load_state_dict(model.state_dict())
+    assert exact(again) and int(again[0].hot_step) == 3
+
+
 def test_int8_steps_then_4_bits():
     """The stochastic-rounding error is proportional to the step amax / qmax: 127 / 7 ~ 18x
     smaller at 8 bits for the same data (the f(1-f) factors average alike). One draw's relative

@@ -1,0 +1,329 @@
+"""The quality study: which HOT settings train as well as FP32, and what each keeps of HLA's
+savings. Every cell (task x setting x seed) is one ``hot train`` process with its own output
+folder; cells run in parallel (several processes share one GPU), a finished cell is never rerun
+and an interrupted one resumes from its checkpoint.
+
+    python -m hot.bench.study run --out DIR [--tasks tinyvit-fmnist] [--settings fp32,paper,...]
+                                  [--seeds 0,1,2] [--workers 8] [--data-root D] [--device cuda]
+                                  [--epochs N] [--train-size N] [--time-limit S]
+    python -m hot.bench.study table --out DIR      # table of what has finished, JSON and markdown
+
+The metric of a task is its last epoch's test accuracy (classification) or validation
+perplexity (the language-model task). Each setting is compared with FP32 by the gap paired by
+seed: the mean over seeds of (setting - FP32) on the same seed (same initial weights and data
+order), with its standard error sd / sqrt(n). "HLA kept" is the fraction of the paper setting's
+saving in g_W multiply-adds that the setting keeps: HLA at rank r does r/16 of the exact g_W
+work, so a run saves (1 - r/16) of it on its HOT steps, against the paper's (1 - 8/16) on all of
+them; exact warm-up steps save nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Task:
+    """A training task: ``hot train`` flags and the metric that its metrics.json reports."""
+
+    name: str
+    flags: tuple[str, ...]
+    metric: str  # "test_acc" (higher is better) or "val_ppl" (lower is better)
+    epochs: int
+    steps_per_epoch: Optional[int] = None  # to place warm-ups a whole number of epochs long
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A training method and HOT configuration, as ``hot train`` flags."""
+
+    name: str
+    flags: tuple[str, ...]
+    rank: Optional[int] = None  # HLA rank of the HOT steps; None: no HOT (fp32, bf16)
+    warmup_epochs: int = 0      # epochs of exact backward before HOT (--exact-steps)
+    cooldown_epochs: int = 0    # epochs of exact backward after HOT (--exact-from)
+    about: str = ""
+
+
+TASKS = {t.name: t for t in (
+    # The issue's setting: TinyViT dim 128, depth 6 from scratch, full Fashion-MNIST, 5 epochs
+    # of 469 steps (60,000 images, batch 128).
+    Task("tinyvit-fmnist", ("--model", "tiny-vit", "--dataset", "fashion-mnist"), "test_acc",
+         5, steps_per_epoch=469),
+    Task("minilm-rt", ("--model", "minilm", "--dataset", "rotten-tomatoes"), "test_acc", 2),
+    Task("lm", ("--model", "llama-tiny", "--dataset", "rotten-tomatoes-lm"), "val_ppl", 2),
+    # A few seconds on a CPU: the harness's own test.
+    Task("smoke", ("--model", "tiny-vit", "--dataset", "mnist-5k", "--train-size", "256",
+                   "--test-size", "128", "--vit-dim", "32", "--vit-depth", "1"), "test_acc", 1,
+         steps_per_epoch=2),
+)}
+
+SETTINGS = {s.name: s for s in (
+    Setting("fp32", ("--method", "fp32"), about="exact FP32 training"),
+    Setting("bf16", ("--method", "bf16"), about="exact training under bf16 autocast"),
+    Setting("paper", ("--method", "hot"), rank=8, about="HOT as in the paper (HOTConfig())"),
+    Setting("rank16", ("--method", "hot", "--hla-rank", "16"), rank=16,
+            about="HQ and INT8 g_W, no low rank: what quantization alone costs"),
+    Setting("rank4", ("--method", "hot", "--hla-rank", "4"), rank=4,
+            about="HLA rank 4: more savings than the paper"),
+    Setting("lp_l1", ("--method", "hot", "--hla-selection", "lp_l1"), rank=8,
+            about="the paper's LP_L1 row selection instead of the 1-D low-pass"),
+    Setting("warmup1", ("--method", "hot"), rank=8, warmup_epochs=1,
+            about="the paper setting after one epoch of exact backward"),
+    Setting("warmup2", ("--method", "hot"), rank=8, warmup_epochs=2,
+            about="the paper setting after two epochs of exact backward"),
+    Setting("cooldown1", ("--method", "hot"), rank=8, cooldown_epochs=1,
+            about="the paper setting, then one epoch of exact backward at the end"),
+    Setting("cooldown2", ("--method", "hot"), rank=8, cooldown_epochs=2,
+            about="the paper setting, then two epochs of exact backward at the end"),
+    Setting("warmup1_cooldown1", ("--method", "hot"), rank=8, warmup_epochs=1,
+            cooldown_epochs=1, about="one exact epoch first, the paper setting, one exact last"),
+    # HQ's bits change g_x only: HLA's saving on g_W stays whole.
+    Setting("hq8", ("--method", "hot", "--hq-bits", "8"), rank=8,
+            about="HQ at 8 bits (INT8 g_x), HLA as in the paper"),
+    Setting("hq8_rank16", ("--method", "hot", "--hq-bits", "8", "--hla-rank", "16"), rank=16,
+            about="HQ at 8 bits, no low rank: what INT8 quantization alone costs"),
+    Setting("hq8_warmup1", ("--method", "hot", "--hq-bits", "8"), rank=8, warmup_epochs=1,
+            about="HQ at 8 bits after one epoch of exact backward"),
+    Setting("hq8_warmup2", ("--method", "hot", "--hq-bits", "8"), rank=8, warmup_epochs=2,
+            about="HQ at 8 bits after two epochs of exact backward"),
+)}
+
+DEFAULT_SETTINGS = "fp32,bf16,paper,rank16,rank4,warmup1"
+
+
+class StudyError(ValueError):
+    """Bad study arguments: says which and what to give."""
+
+
+def _names(flag: str, text: str, known: dict) -> list:
+    out = []
+    for n in (v.strip() for v in text.split(",") if v.strip()):
+        if n not in known:
+            raise StudyError(f"{flag}: unknown {n!r}; choose from {', '.join(known)}.")
+        out.append(known[n])
+    if not out:
+        raise StudyError(f"{flag} is empty; give a comma-separated list from {', '.join(known)}.")
+    return out
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise StudyError(f"--seeds {text!r}: give integers separated by commas, e.g. 0,1,2.")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise StudyError(f"--seeds {text!r}: give distinct integers, e.g. 0,1,2.")
+    return seeds
+
+
+@dataclass(frozen=True)
+class Cell:
+    task: Task
+    setting: Setting
+    seed: int
+    root: pathlib.Path
+    epochs: int
+    extra: tuple[str, ...] = field(default=())
+
+    @property
+    def out(self) -> pathlib.Path:
+        return self.root / self.task.name / self.setting.name / f"seed{self.seed}"
+
+    def done(self) -> bool:
+        return (self.out / "metrics.json").is_file()
+
+    def command(self, device: str, data_root: Optional[str]) -> list[str]:
+        cmd = [sys.executable, "-m", "hot.cli.main", "train", *self.task.flags,
+               *self.setting.flags, "--epochs", str(self.epochs), "--seed", str(self.seed),
+               "--device", device, "--out", str(self.out), "--no-plot", *self.extra]
+        if self.setting.warmup_epochs:
+            cmd += ["--exact-steps", str(self.setting.warmup_epochs * self.task.steps_per_epoch)]
+        if self.setting.cooldown_epochs:
+            start = max(0, self.epochs - self.setting.cooldown_epochs) * self.task.steps_per_epoch
+            cmd += ["--exact-from", str(start)]
+        if data_root and self.task.name != "smoke":
+            cmd += ["--data-root", data_root]
+        if (self.out / "checkpoint.pt").is_file():  # an interrupted cell goes on where it was
+            cmd += ["--resume", str(self.out / "checkpoint.pt")]
+        return cmd
+
+
+def _run_cell(cell: Cell, device: str, data_root: Optional[str], threads: int,
+              deadline: Optional[float]) -> tuple[Cell, str]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), HOT_NO_PROGRESS="1")
+    cell.out.parent.mkdir(parents=True, exist_ok=True)
+    timeout = None if deadline is None else max(1.0, deadline - time.monotonic())
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cell.command(device, data_root), env=env, capture_output=True,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return cell, "stopped at the time limit (resumes from its checkpoint next time)"
+    log = cell.out.parent / f"seed{cell.seed}.log"
+    log.write_text(p.stdout + p.stderr)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return cell, f"failed (exit {p.returncode}): {last}"
+    return cell, f"done in {time.monotonic() - t0:.0f} s"
+
+
+def run(args) -> int:
+    tasks = _names("--tasks", args.tasks, TASKS)
+    settings = _names("--settings", args.settings, SETTINGS)
+    seeds = _seeds(args.seeds)
+    if args.workers < 1:
+        raise StudyError(f"--workers {args.workers}: give 1 or more.")
+    if args.train_size:
+        # the warm-ups' lengths are whole epochs of the tasks' full training sets
+        settings_ok = [s for s in settings if not (s.warmup_epochs or s.cooldown_epochs)]
+        if len(settings_ok) != len(settings):
+            raise StudyError("--train-size changes the steps per epoch that the warm-up "
+                             "settings count on; leave it out or drop those settings.")
+    for t in tasks:
+        for s in settings:
+            if (s.warmup_epochs or s.cooldown_epochs) and t.steps_per_epoch is None:
+                raise StudyError(f"setting {s.name} needs the steps per epoch of task {t.name}, "
+                                 f"which it does not state; drop one of them.")
+    root = pathlib.Path(args.out)
+    extra = tuple(["--train-size", str(args.train_size)] if args.train_size else [])
+    cells = [Cell(t, s, seed, root, args.epochs or t.epochs, extra)
+             for t in tasks for s in settings for seed in seeds]
+    todo = [c for c in cells if not c.done()]
+    print(f"{len(cells)} cells, {len(cells) - len(todo)} finished earlier, {len(todo)} to run "
+          f"on {args.workers} workers", flush=True)
+    threads = max(1, (os.cpu_count() or 1) // args.workers)
+    deadline = time.monotonic() + args.time_limit if args.time_limit else None
+    with cf.ThreadPoolExecutor(args.workers) as ex:
+        futs = [ex.submit(_run_cell, c, args.device, args.data_root, threads, deadline)
+                for c in todo]
+        for f in cf.as_completed(futs):
+            c, what = f.result()
+            print(f"{c.task.name} {c.setting.name} seed {c.seed}: {what}", flush=True)
+    return table(argparse.Namespace(out=args.out))
+
+
+def _mean_sd(v: list[float]) -> tuple[float, float]:
+    m = sum(v) / len(v)
+    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1)) if len(v) > 1 else float("nan")
+    return m, sd
+
+
+def hla_kept(setting: Setting, steps: int, exact_steps: int) -> Optional[float]:
+    """Fraction of the paper setting's g_W multiply-add saving that ``setting`` keeps, when
+    ``exact_steps`` of its ``steps`` ran exactly (warm-up and cool-down)."""
+    if setting.rank is None:
+        return None
+    hot_share = max(0, steps - exact_steps) / steps if steps else 0.0
+    return (1 - setting.rank / 16) / (1 - 8 / 16) * hot_share
+
+
+def collect(root: pathlib.Path) -> list[dict]:
+    """One row per (task, setting) with finished cells, FP32's row first within a task."""
+    rows = []
+    for task in TASKS.values():
+        runs = {}
+        for s in SETTINGS.values():
+            d = root / task.name / s.name
+            for f in sorted(d.glob("seed*/metrics.json")) if d.is_dir() else []:
+                m = json.loads(f.read_text())
+                runs.setdefault(s.name, {})[int(f.parent.name[4:])] = m
+        if not runs:
+            continue
+        ref = runs.get("fp32", {})
+        scale = 100.0 if task.metric == "test_acc" else 1.0
+        for s in SETTINGS.values():
+            if s.name not in runs:
+                continue
+            by_seed = runs[s.name]
+            vals = [scale * m[task.metric] for m in by_seed.values()]
+            mean, sd = _mean_sd(vals)
+            row = {"task": task.name, "setting": s.name, "about": s.about, "metric": task.metric,
+                   "seeds": sorted(by_seed), "values": vals, "mean": mean, "sd": sd}
+            paired = [scale * (by_seed[k][task.metric] - ref[k][task.metric])
+                      for k in by_seed if k in ref]
+            if task.metric == "val_ppl":  # relative, in %: the target is stated that way
+                paired = [100 * (by_seed[k]["val_ppl"] / ref[k]["val_ppl"] - 1)
+                          for k in by_seed if k in ref]
+            if paired and s.name != "fp32":
+                g, gsd = _mean_sd(paired)
+                row.update(gap=g, gap_se=gsd / math.sqrt(len(paired)) if len(paired) > 1
+                           else float("nan"), paired_seeds=len(paired))
+            one = next(iter(by_seed.values()))
+            exact = (s.warmup_epochs + s.cooldown_epochs) * (task.steps_per_epoch or 0)
+            row["hla_kept"] = hla_kept(s, one.get("steps") or 0, exact)
+            t = [m["time_per_step_s"] for m in by_seed.values() if m.get("time_per_step_s")]
+            row["ms_per_step"] = 1e3 * sorted(t)[len(t) // 2] if t else None
+            pk = [m["peak_memory_bytes"] for m in by_seed.values() if m.get("peak_memory_bytes")]
+            row["peak_MiB"] = max(pk) / 2**20 if pk else None
+            row["device"] = one.get("device")
+            rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| task | setting | seeds | metric mean ± sd | gap to FP32 (paired) ± se | "
+             "HLA kept | ms/step | peak MiB |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        unit = "%" if r["metric"] == "test_acc" else " ppl"
+        gap = (f"{r['gap']:+.2f}{' pts' if r['metric'] == 'test_acc' else ' %'} ± "
+               f"{r['gap_se']:.2f}" if "gap" in r else "")
+        kept = f"{r['hla_kept']:.2f}" if r["hla_kept"] is not None else ""
+        ms = f"{r['ms_per_step']:.1f}" if r["ms_per_step"] else ""
+        pk = f"{r['peak_MiB']:.0f}" if r["peak_MiB"] else ""
+        lines.append(f"| {r['task']} | {r['setting']} | {len(r['seeds'])} | "
+                     f"{r['mean']:.2f}{unit} ± {r['sd']:.2f} | {gap} | {kept} | {ms} | {pk} |")
+    return "\n".join(lines)
+
+
+def table(args) -> int:
+    root = pathlib.Path(args.out)
+    rows = collect(root)
+    if not rows:
+        print(f"no finished cells under {root}")
+        return 1
+    md = markdown(rows)
+    (root / "study.json").write_text(json.dumps(rows, indent=1))
+    (root / "study.md").write_text(md + "\n")
+    print(md)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hot.bench.study", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the cells that have not finished, then the table")
+    r.add_argument("--out", required=True, help="study folder (one sub-folder per cell)")
+    r.add_argument("--tasks", default="tinyvit-fmnist", help=f"from {', '.join(TASKS)}")
+    r.add_argument("--settings", default=DEFAULT_SETTINGS, help=f"from {', '.join(SETTINGS)}")
+    r.add_argument("--seeds", default="0,1,2")
+    r.add_argument("--workers", type=int, default=4, help="cells run at once")
+    r.add_argument("--device", default="cuda")
+    r.add_argument("--data-root", default=None, help="Fashion-MNIST IDX files (hot train's)")
+    r.add_argument("--epochs", type=int, default=None, help="override the task's epochs")
+    r.add_argument("--train-size", type=int, default=None, help="fewer training examples")
+    r.add_argument("--time-limit", type=float, default=None,
+                   help="seconds; cells still running then stop and resume on the next run")
+    t = sub.add_parser("table", help="the table of the finished cells (study.json, study.md)")
+    t.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    try:
+        return run(a) if a.cmd == "run" else table(a)
+    except StudyError as e:
+        print(f"hot.bench.study: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

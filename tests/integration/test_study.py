@@ -1,0 +1,64 @@
+"""hot.bench.study: cells run as `hot train` processes, a finished cell is not rerun, and the table's
+paired gaps and HLA shares follow from the cells' metrics."""
+
+import json
+import math
+
+import pytest
+
+from hot.bench import study
+
+
+def _metric(root, task, setting, seed):
+    return json.loads((root / task / setting / f"seed{seed}" / "metrics.json").read_text())
+
+
+def test_hla_kept():
+    s = study.SETTINGS
+    assert study.hla_kept(s["paper"], 100, 0) == 1.0
+    assert study.hla_kept(s["rank16"], 100, 0) == 0.0
+    assert study.hla_kept(s["rank4"], 100, 0) == 1.5
+    assert study.hla_kept(s["warmup1"], 100, 25) == 0.75
+    assert study.hla_kept(s["fp32"], 100, 0) is None
+
+
+def test_schedules_reach_hot_train(tmp_path):
+    task = study.TASKS["tinyvit-fmnist"]
+    cmd = study.Cell(task, study.SETTINGS["warmup1_cooldown1"], 0, tmp_path, 5).command("cpu",
+                                                                                      None)
+    assert cmd[cmd.index("--exact-steps") + 1] == "469"
+    assert cmd[cmd.index("--exact-from") + 1] == str(4 * 469)
+    assert study.hla_kept(study.SETTINGS["warmup1_cooldown1"], 5 * 469, 2 * 469) == 0.6
+
+
+def test_run_resume_and_table(tmp_path, capsys):
+    argv = ["run", "--out", str(tmp_path), "--tasks", "smoke", "--settings", "fp32,rank4",
+            "--seeds", "0,1", "--workers", "2", "--device", "cpu", "--epochs", "2"]
+    assert study.main(argv) == 0
+    done = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("metrics.json")}
+    assert len(done) == 4
+    capsys.readouterr()
+    assert study.main(argv) == 0  # everything finished: nothing reruns
+    assert "0 to run" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("metrics.json")} == done
+
+    rows = {r["setting"]: r for r in json.loads((tmp_path / "study.json").read_text())}
+    accs = {k: [100 * _metric(tmp_path, "smoke", k, s)["test_acc"] for s in (0, 1)]
+            for k in ("fp32", "rank4")}
+    d = [a - b for a, b in zip(accs["rank4"], accs["fp32"])]
+    assert rows["rank4"]["gap"] == pytest.approx(sum(d) / 2)
+    assert rows["rank4"]["gap_se"] == pytest.approx(abs(d[0] - d[1]) / 2, abs=1e-9)
+    assert rows["rank4"]["hla_kept"] == 1.5 and rows["fp32"]["hla_kept"] is None
+    assert "gap" not in rows["fp32"]
+    assert _metric(tmp_path, "smoke", "rank4", 0)["hot_config"]["hla"]["rank"] == 4
+    assert not math.isnan(rows["fp32"]["sd"])
+    assert (tmp_path / "study.md").read_text().count("| smoke |") == 2
+
+
+def test_bad_arguments(tmp_path, capsys):
+    assert study.main(["run", "--out", str(tmp_path), "--settings", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert study.main(["run", "--out", str(tmp_path), "--seeds", "0,0"]) == 2
+    assert study.main(["run", "--out", str(tmp_path), "--tasks", "minilm-rt",
+                       "--settings", "warmup1"]) == 2
+    assert not any(tmp_path.iterdir())
