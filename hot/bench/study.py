@@ -88,6 +88,15 @@ SETTINGS = {s.name: s for s in (
             about="the paper setting, then two epochs of exact backward at the end"),
     Setting("warmup1_cooldown1", ("--method", "hot"), rank=8, warmup_epochs=1,
             cooldown_epochs=1, about="one exact epoch first, the paper setting, one exact last"),
+    # Where the gap comes from: each part of HOT alone.
+    Setting("hq_only", ("--method", "hot", "--hla-rank", "16", "--hla-bits", "none"), rank=16,
+            about="HQ 4-bit g_x only; g_W exact"),
+    Setting("hla_only", ("--method", "hot", "--hq-bits", "none"), rank=8,
+            about="HLA rank 8 in INT8 only; g_x exact"),
+    Setting("lowrank_only", ("--method", "hot", "--hq-bits", "none", "--hla-bits", "none"),
+            rank=8, about="HLA's rank-8 projection only, unquantized; g_x exact"),
+    Setting("rank16_token", ("--method", "hot", "--hla-rank", "16", "--gy-scale", "token"),
+            rank=16, about="as rank16 with per-token g_y scales forced (no LQS)"),
     # HQ's bits change g_x only: HLA's saving on g_W stays whole.
     Setting("hq8", ("--method", "hot", "--hq-bits", "8"), rank=8,
             about="HQ at 8 bits (INT8 g_x), HLA as in the paper"),
