@@ -52,6 +52,7 @@ class Setting:
     rank: Optional[int] = None  # HLA rank of the HOT steps; None: no HOT (fp32, bf16)
     warmup_epochs: int = 0      # epochs of exact backward before HOT (--exact-steps)
     cooldown_epochs: int = 0    # epochs of exact backward after HOT (--exact-from)
+    int8_epochs: int = 0        # epochs with g_x at 8 bits after the warm-up (--int8-steps)
     about: str = ""
 
 
@@ -88,6 +89,10 @@ SETTINGS = {s.name: s for s in (
             about="the paper setting, then two epochs of exact backward at the end"),
     Setting("warmup1_cooldown1", ("--method", "hot"), rank=8, warmup_epochs=1,
             cooldown_epochs=1, about="one exact epoch first, the paper setting, one exact last"),
+    Setting("hlq", ("--method", "hot", "--gy-scale", "token", "--abc", "recompute"), rank=8,
+            about="HLQ (HOTConfig.hlq()): the paper setting without ABC and LQS"),
+    Setting("int8_2", ("--method", "hot"), rank=8, int8_epochs=2,
+            about="the paper's pre-training schedule: g_x at 8 bits for 2 epochs, then 4"),
     # Where the gap comes from: each part of HOT alone.
     Setting("hq_only", ("--method", "hot", "--hla-rank", "16", "--hla-bits", "none"), rank=16,
             about="HQ 4-bit g_x only; g_W exact"),
@@ -158,6 +163,8 @@ class Cell:
                "--device", device, "--out", str(self.out), "--no-plot", *self.extra]
         if self.setting.warmup_epochs:
             cmd += ["--exact-steps", str(self.setting.warmup_epochs * self.task.steps_per_epoch)]
+        if self.setting.int8_epochs:
+            cmd += ["--int8-steps", str(self.setting.int8_epochs * self.task.steps_per_epoch)]
         if self.setting.cooldown_epochs:
             start = max(0, self.epochs - self.setting.cooldown_epochs) * self.task.steps_per_epoch
             cmd += ["--exact-from", str(start)]
@@ -166,6 +173,10 @@ class Cell:
         if (self.out / "checkpoint.pt").is_file():  # an interrupted cell goes on where it was
             cmd += ["--resume", str(self.out / "checkpoint.pt")]
         return cmd
+
+
+def _counts_epochs(s: Setting) -> bool:
+    return bool(s.warmup_epochs or s.cooldown_epochs or s.int8_epochs)
 
 
 def _run_cell(cell: Cell, device: str, data_root: Optional[str], threads: int,
@@ -195,13 +206,13 @@ def run(args) -> int:
         raise StudyError(f"--workers {args.workers}: give 1 or more.")
     if args.train_size:
         # the warm-ups' lengths are whole epochs of the tasks' full training sets
-        settings_ok = [s for s in settings if not (s.warmup_epochs or s.cooldown_epochs)]
+        settings_ok = [s for s in settings if not _counts_epochs(s)]
         if len(settings_ok) != len(settings):
             raise StudyError("--train-size changes the steps per epoch that the warm-up "
                              "settings count on; leave it out or drop those settings.")
     for t in tasks:
         for s in settings:
-            if (s.warmup_epochs or s.cooldown_epochs) and t.steps_per_epoch is None:
+            if _counts_epochs(s) and t.steps_per_epoch is None:
                 raise StudyError(f"setting {s.name} needs the steps per epoch of task {t.name}, "
                                  f"which it does not state; drop one of them.")
     root = pathlib.Path(args.out)

@@ -232,6 +232,14 @@ class HOTConfig:
         return cls()
 
     @classmethod
+    def hlq(cls) -> "HOTConfig":
+        """HLQ (Kim and Park), HOT's predecessor: HQ and HLA as in the paper's setting, without
+        ABC (the forward keeps x; its HLA codes are formed in backward, with the same seed, so
+        eagerly the same g_W) and without LQS (per-token g_y scales on every layer, the
+        official code's quantizer when LQS is off)."""
+        return cls(hq=HQConfig(gy_scale="token"), hla=HLAConfig(abc="recompute"))
+
+    @classmethod
     def exact(cls) -> "HOTConfig":
         """No quantization and no low rank: the transforms run but are orthonormal, so the
         gradients equal autograd's up to float rounding."""

@@ -54,6 +54,12 @@ def test_exact_from_phases():
         HOTConfig(exact_from=2.5)
 
 
+def test_hlq_preset_is_the_paper_without_abc_and_lqs():
+    h = HOTConfig.hlq()
+    assert (h.hq.gy_scale, h.hla.abc) == ("token", "recompute")
+    assert h.replace(hq={"gy_scale": "auto"}, hla={"abc": "auto"}) == HOTConfig.paper()
+
+
 def test_paper_and_exact_presets():
     p = HOTConfig()
     assert p == HOTConfig.paper()
