@@ -95,10 +95,9 @@ def test_mlp_compiles_without_graph_breaks_and_trains_like_eager():
            [m.hot_lqs_value() for _, m in hot.hot_layers(me)]
 
 
-def test_phases_recompile_once_not_per_step():
-    """exact_steps=1: step 0 saves x (exact), later steps save the ABC codes: one recompile at the
-    phase change, none for the step counter or seeds; int8_steps changes no shape: no recompile."""
-    cfg = hot.HOTConfig(seed=11, exact_steps=1, int8_steps=1)
+def _compiled_like_eager_frames(cfg) -> int:
+    """Train an MLP 4 steps eagerly and compiled under ``cfg``; assert the same training and
+    4 steps counted per layer; return the compiled frames."""
     base = _mlp()
     me = hot.convert(copy.deepcopy(base), cfg, backend="reference")
     mc = hot.convert(copy.deepcopy(base), cfg, backend="reference")
@@ -107,24 +106,20 @@ def test_phases_recompile_once_not_per_step():
     cnt = CompileCounterWithBackend("aot_eager")
     comp = _train(mc, torch.compile(mc, backend=cnt, fullgraph=True), batches)
     _assert_same_training(eager, comp)
-    assert cnt.frame_count == 2
     assert _steps(mc) == [4, 4]
+    return cnt.frame_count
+
+
+def test_phases_recompile_once_not_per_step():
+    """exact_steps=1: step 0 saves x (exact), later steps save the ABC codes: one recompile at the
+    phase change, none for the step counter or seeds; int8_steps changes no shape: no recompile."""
+    assert _compiled_like_eager_frames(hot.HOTConfig(seed=11, exact_steps=1, int8_steps=1)) == 2
 
 
 def test_exact_cool_down_recompiles_once():
     """exact_from=2: steps 0-1 HOT, 2-3 exact; compiled training equals eager, with one
     recompile where the phase flips."""
-    cfg = hot.HOTConfig(seed=3, exact_from=2)
-    base = _mlp()
-    me = hot.convert(copy.deepcopy(base), cfg, backend="reference")
-    mc = hot.convert(copy.deepcopy(base), cfg, backend="reference")
-    batches = _batches((2, 16, 32), 16, n=4)
-    eager = _train(me, me, batches)
-    cnt = CompileCounterWithBackend("aot_eager")
-    comp = _train(mc, torch.compile(mc, backend=cnt, fullgraph=True), batches)
-    _assert_same_training(eager, comp)
-    assert cnt.frame_count == 2
-    assert _steps(mc) == [4, 4]
+    assert _compiled_like_eager_frames(hot.HOTConfig(seed=3, exact_from=2)) == 2
 
 
 def test_tiny_vit_sequence_blocking_and_global_rng_seeds():
