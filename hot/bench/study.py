@@ -91,6 +91,8 @@ SETTINGS = {s.name: s for s in (
             cooldown_epochs=1, about="one exact epoch first, the paper setting, one exact last"),
     Setting("hlq", ("--method", "hot", "--gy-scale", "token", "--abc", "recompute"), rank=8,
             about="HLQ (HOTConfig.hlq()): the paper setting without ABC and LQS"),
+    Setting("int4", ("--method", "int4"), rank=16,
+            about="the paper's naive INT4 baseline (HOTConfig.int4())"),
     Setting("int8_2", ("--method", "hot"), rank=8, int8_epochs=2,
             about="the paper's pre-training schedule: g_x at 8 bits for 2 epochs, then 4"),
     # Where the gap comes from: each part of HOT alone.

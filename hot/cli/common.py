@@ -114,7 +114,22 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
                    help="HOT backend (default: $HOT_BACKEND, else auto)")
 
 
+# The flags that shape HOT's quantizers, with their defaults: the int4 baseline has its own.
+_QUANTIZER_FLAGS = {"hq_bits": 4, "gy_scale": "auto", "hla_rank": 8, "hla_selection": "lowpass",
+                    "hla_blocking": "flat", "hla_bits": 8, "abc": "auto", "lqs_ratio": 0.5}
+
+
 def hot_config(args) -> hot.HOTConfig:
+    if getattr(args, "method", None) == "int4":
+        given = [k for k, v in _QUANTIZER_FLAGS.items() if getattr(args, k) != v]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise CLIError(f"{flag} shapes HOT's quantizers; --method int4 is the "
+                             f"naive INT4 baseline (HOTConfig.int4()) and takes only the "
+                             f"schedule flags: drop {flag}, or use --method hot.")
+        return hot.HOTConfig.int4().replace(exact_steps=args.exact_steps,
+                                            int8_steps=args.int8_steps,
+                                            exact_from=args.exact_from)
     return hot.HOTConfig(
         hq=hot.HQConfig(bits=args.hq_bits, gy_scale=args.gy_scale),
         hla=hot.HLAConfig(rank=args.hla_rank, selection=args.hla_selection,

@@ -49,3 +49,5 @@ register(Method("bf16", "exact training under bf16 autocast", autocast=torch.bfl
 register(Method("hot", "HOT backward on every Linear/Conv2d (LoRA: frozen base layers only)",
                 prepare=_hot))
 register(Method("hot-bf16", "HOT under bf16 autocast", autocast=torch.bfloat16, prepare=_hot))
+register(Method("int4", "the paper's naive INT4 baseline (HOTConfig.int4()): 4-bit operands "
+                "in both backward GEMMs, no transform, full rank", prepare=_hot))

@@ -23,6 +23,7 @@ from typing import Optional
 
 VALID_BITS = (4, 8)
 VALID_RANKS = (1, 2, 4, 8, 16)
+METHODS = ("hot", "int4")  # HOTConfig.method
 BLOCK = 16  # the paper's block size for both transforms; kernels assume it
 
 
@@ -176,6 +177,11 @@ class HOTConfig:
     """Everything that defines HOT's backward pass for one layer.
 
     exact_steps: the first N backward calls of each layer use exact gradients (and save x).
+    method: "hot" (HQ on g_x, HLA on g_W, as configured) or "int4", the paper's naive INT4
+        baseline: both backward GEMMs on operands quantized without any transform and at full
+        rank (g_y and W with hq's bits, rounding and scales; g_y and x along the tokens with
+        hla's bits, rounding and scale), x kept by the forward (hla.abc "recompute", rank 16,
+        a fixed g_y scale); see HOTConfig.int4().
     exact_from: None, or from a layer's backward call N on (0-based) its gradients are exact
         again: an exact cool-down for the last steps of a schedule (N = the step the cool-down
         starts at; with one backward per layer and optimizer step, total steps minus its length).
@@ -200,6 +206,7 @@ class HOTConfig:
     seed: Optional[int] = None
     min_in_features: int = 0
     exact_from: Optional[int] = None
+    method: str = "hot"
 
     def __post_init__(self) -> None:
         for name, cls in (("hq", HQConfig), ("hla", HLAConfig), ("lqs", LQSConfig)):
@@ -213,6 +220,17 @@ class HOTConfig:
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise HOTConfigError(f"HOTConfig.{name}={v!r} must be a non-negative int.")
+        _check_choice("HOTConfig.method", self.method, METHODS)
+        if self.method == "int4":
+            for name, value, ok, fix in (
+                    ("hla.rank", self.hla.rank, self.hla.rank == 16, "16 (it runs at full rank)"),
+                    ("hla.abc", self.hla.abc, self.hla.abc == "recompute",
+                     "'recompute' (it quantizes the kept x in backward)"),
+                    ("hq.gy_scale", self.hq.gy_scale, self.hq.gy_scale != "auto",
+                     "'tensor' or 'token' (no LQS)")):
+                if not ok:
+                    raise HOTConfigError(f"HOTConfig(method='int4') needs {name} = {fix}, not "
+                                         f"{value!r}; start from HOTConfig.int4().")
         if self.exact_from is not None and (not _is_int(self.exact_from) or self.exact_from < 0):
             raise HOTConfigError(f"HOTConfig.exact_from={self.exact_from!r} must be None or a "
                                  f"non-negative int (the backward call the exact cool-down "
@@ -238,6 +256,14 @@ class HOTConfig:
         eagerly the same g_W) and without LQS (per-token g_y scales on every layer, the
         official code's quantizer when LQS is off)."""
         return cls(hq=HQConfig(gy_scale="token"), hla=HLAConfig(abc="recompute"))
+
+    @classmethod
+    def int4(cls) -> "HOTConfig":
+        """The paper's naive INT4 baseline: g_x = Q4(g_y) Q4(W) and g_W = Q4(g_y)^T Q4(x) with
+        4-bit stochastic rounding and one absmax scale per tensor, no transform, full rank."""
+        return cls(method="int4",
+                   hq=HQConfig(bits=4, gy_scale="tensor", w_scale="tensor"),
+                   hla=HLAConfig(rank=16, bits=4, scale="tensor", abc="recompute"))
 
     @classmethod
     def exact(cls) -> "HOTConfig":

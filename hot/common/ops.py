@@ -29,6 +29,10 @@ gy_quantize(x, HQArgs, HLAArgs) -> (Quantized, Quantized)
     The g_y pass, by definition exactly (hq_quantize(x, hq), hla_quantize(x, hla)): a backend
     may compute both from one read of x; the default runs the two operations.
 
+plain_quantize(x (R, C), HQArgs) -> Quantized(q (R, C), scale (R|1, 1))
+    q * scale ~= x: the quantizer of hq_quantize without the transform and without padding
+    (the naive INT4 baseline, HOTConfig.int4()). The default implements it; no backend needs to.
+
 int_gemm_nt(a (M, K), b (N, K), sa (M|1, 1), sb (N|1, 1), out_dtype) -> (M, N)
     (a @ b^T) * sa * sb^T, with the integer products accumulated exactly.
 
@@ -94,7 +98,8 @@ class LayerGrads(NamedTuple):
 
 
 DEFAULT = "reference"
-OPS = ("hq_quantize", "hla_quantize", "gy_quantize", "int_gemm_nt", "layer_backward")
+OPS = ("hq_quantize", "hla_quantize", "plain_quantize", "gy_quantize", "int_gemm_nt",
+       "layer_backward")
 _IMPLS: dict[str, dict[str, Callable]] = {name: {} for name in OPS}
 
 
@@ -140,6 +145,12 @@ def hq_fake(x: torch.Tensor, a: HQArgs) -> Quantized:
                      x.new_empty((_scale_rows(a.scale_mode, r), 1), dtype=torch.float32))
 
 
+def plain_fake(x: torch.Tensor, a: HQArgs) -> Quantized:
+    r, c = x.shape
+    return Quantized(x.new_empty((r, c), dtype=dtype_of_codes(a.bits, x)),
+                     x.new_empty((_scale_rows(a.scale_mode, r), 1), dtype=torch.float32))
+
+
 def hla_fake(x: torch.Tensor, a: HLAArgs) -> Quantized:
     length, c = x.shape
     return Quantized(
@@ -170,6 +181,11 @@ def hq_quantize(x: torch.Tensor, a: HQArgs, backend: str) -> Quantized:
 
 def hla_quantize(x: torch.Tensor, a: HLAArgs, backend: str) -> Quantized:
     return _hla(x, a, backend)
+
+
+def plain_quantize(x: torch.Tensor, a: HQArgs, backend: str) -> Quantized:
+    name = DEFAULT if _by_default(x, a.bits) else backend
+    return Quantized(*implementation("plain_quantize", name)(x, a))
 
 
 def gy_quantize(x: torch.Tensor, hq: HQArgs, hla: HLAArgs,

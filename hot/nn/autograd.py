@@ -363,8 +363,10 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
     if need_gw:
         saved = saved0 if exact else ops.Quantized(saved0, saved1)
     with no_autocast(gy2d.device.type):
-        if recompute and need_gw:
+        if recompute and need_gw and cfg.method == "hot":  # int4 quantizes x itself
             saved = abc_codes(plan, saved0)
+        elif recompute and need_gw:
+            saved = saved0
         gx, gw, gb = hot_backward(layer, plan, gy2d, w2d, saved, need_gx, need_gw,
                                   _DTYPES[x_dtype], _DTYPES[w_dtype], need_gb)
     return (gx.contiguous() if gx is not None else _empty(gy2d),

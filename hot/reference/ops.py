@@ -13,7 +13,7 @@ import torch
 from ..common import ops, quant
 from ..common.backend import Backend, register_backend
 from ..common.ops import HLAArgs, HQArgs, Quantized
-from ..common.transforms import hla_transform, hq_transform
+from ..common.transforms import compute_dtype, hla_transform, hq_transform
 
 
 def _finish(t: torch.Tensor, bits: int, scale_mode, stochastic: bool, seed: int) -> Quantized:
@@ -31,6 +31,11 @@ def hq_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
 def hla_quantize(x: torch.Tensor, a: HLAArgs) -> Quantized:
     return _finish(hla_transform(x, a.rank, a.selection), a.bits, a.scale_mode, a.stochastic,
                    a.seed)
+
+
+def plain_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
+    # in the transforms' compute dtype, as hq_quantize's quantizer sees its input
+    return _finish(x.to(compute_dtype(x)), a.bits, a.scale_mode, a.stochastic, a.seed)
 
 
 def _absmax_int(t: torch.Tensor) -> int:
@@ -98,6 +103,6 @@ def int_gemm_nt(a, b, sa, sb, out_dtype):
 
 
 for _name, _fn in (("hq_quantize", hq_quantize), ("hla_quantize", hla_quantize),
-                  ("int_gemm_nt", int_gemm_nt)):
+                  ("plain_quantize", plain_quantize), ("int_gemm_nt", int_gemm_nt)):
     ops.register(_name, ops.DEFAULT, _fn)
 register_backend(Backend(ops.DEFAULT, why_unavailable=lambda device: None))

@@ -1,0 +1,134 @@
+"""The naive INT4 baseline (HOTConfig.int4()): both backward GEMMs on 4-bit operands quantized
+without a transform, one absmax scale per tensor, full rank; the forward keeps x."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import hot
+from hot.common import ops
+from hot.common.config import HOTConfigError
+from hot_testing import grads, hot_copy, saved_by_forward, wrap
+
+
+def _q4_nearest(t: torch.Tensor) -> torch.Tensor:
+    """The baseline's quantizer with round-to-nearest, written directly: per-tensor absmax / 7."""
+    t = t.double()
+    s = t.abs().max() / 7
+    return torch.round(t / s).clamp(-7, 7) * s
+
+
+def _nearest():
+    return hot.HOTConfig.int4().replace(
+        hq={"gy_rounding": "nearest", "w_rounding": "nearest"}, hla={"rounding": "nearest"})
+
+
+def test_plain_quantize_codes_and_scale():
+    x = torch.randn(40, 24, generator=torch.Generator().manual_seed(0))
+    a = ops.HQArgs(4, ops.ScaleMode.TENSOR, True, 7)
+    q, s = ops.plain_quantize(x, a, ops.DEFAULT)
+    assert q.dtype == torch.int8 and q.shape == x.shape and s.shape == (1, 1)
+    assert int(q.abs().max()) == 7
+    assert float(s) == pytest.approx(float(x.abs().max()) / 7, rel=1e-6)
+    # stochastic rounding: within one step of x, never further
+    assert ((q.float() * s - x).abs() <= s * (1 + 1e-6)).all()
+
+
+def test_plain_quantize_is_unbiased():
+    """Mean of N = 400 draws against x, per element: each draw's error is at most one step s
+    (variance <= s^2 / 4), so the mean's sd is <= s / (2 sqrt(N)) = s / 40; 6 sd = 0.15 s, over
+    96 elements a false failure has probability below 1e-7."""
+    x = torch.randn(8, 12, generator=torch.Generator().manual_seed(1))
+    draws = torch.stack([
+        (lambda q, s: q.float() * s)(*ops.plain_quantize(
+            x, ops.HQArgs(4, ops.ScaleMode.TENSOR, True, seed), ops.DEFAULT))
+        for seed in range(400)])
+    s = float(x.abs().max()) / 7
+    assert ((draws.mean(0) - x).abs() <= 0.15 * s).all()
+    assert (draws.std(0) > 0).any()  # the draws do differ
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_gradients_equal_the_direct_formula(bias):
+    """With round-to-nearest the baseline is deterministic: g_x = Q(g_y) Q(W), g_W = Q(g_y)^T Q(x)
+    with Q the per-tensor 4-bit quantizer and no transform; float32 GEMMs of exact 4-bit
+    products leave a relative error of a few float32 ulps."""
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 20, bias=bias)
+    model = hot_copy(wrap(lin), _nearest())
+    x = torch.randn(32, 24, requires_grad=True)
+    gy = torch.randn(32, 20)
+    gx, g = grads(model, x, gy)
+    w = lin.weight.detach()
+    want_gx = _q4_nearest(gy) @ _q4_nearest(w)
+    want_gw = _q4_nearest(gy).T @ _q4_nearest(x.detach())
+    assert torch.allclose(gx.double(), want_gx, rtol=1e-5, atol=1e-5 * want_gx.abs().max())
+    assert torch.allclose(g["0.weight"].double(), want_gw, rtol=1e-5,
+                          atol=1e-5 * want_gw.abs().max())
+    if bias:
+        assert torch.allclose(g["0.bias"], gy.sum(0))
+    exact = gy.double() @ w.double()
+    assert not torch.allclose(gx.double(), exact, atol=1e-3)  # it is quantized
+
+
+def test_forward_keeps_x_not_codes():
+    model = hot_copy(wrap(nn.Linear(24, 20)), hot.HOTConfig.int4())
+    x = torch.randn(32, 24, requires_grad=True)
+    _, saved, _ = saved_by_forward(model, x)
+    assert any(t.shape == x.shape and t.dtype == x.dtype for t in saved)
+    assert not any(t.dtype == torch.int8 for t in saved)
+
+
+def test_stochastic_gradients_are_unbiased():
+    """g_x over N = 300 seeds against g_y W: per element |mean - exact| <= 6 sd / sqrt(N), sd the
+    draws' own spread (a normal tail of 6 sd over 640 elements: below 1e-6)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 20, bias=False)
+    x = torch.randn(32, 24)
+    gy = torch.randn(32, 20)
+    draws = torch.stack([grads(hot_copy(wrap(lin), hot.HOTConfig.int4().replace(seed=s)),
+                               x.requires_grad_(), gy)[0] for s in range(300)]).double()
+    exact = gy.double() @ lin.weight.detach().double()
+    bound = 6 * draws.std(0) / 300 ** 0.5 + 1e-6
+    assert ((draws.mean(0) - exact).abs() <= bound).all()
+
+
+def test_trains_a_small_cnn_through_convert():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 8 * 8, 4))
+    hot.convert(model, hot.HOTConfig.int4(), backend="reference")
+    assert len(hot.hot_layers(model)) == 2
+    x = torch.randn(64, 1, 8, 8)
+    y = (x.mean((1, 2, 3)) > 0).long() + 2 * (x[:, :, :4].mean((1, 2, 3)) > 0).long()
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    losses = []
+    for _ in range(30):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.5 * losses[0]
+
+
+@pytest.mark.parametrize("change, field", [({"hla": {"rank": 8}}, "hla.rank"),
+                                           ({"hla": {"abc": "save"}}, "hla.abc"),
+                                           ({"hq": {"gy_scale": "auto"}}, "hq.gy_scale")])
+def test_config_names_what_int4_needs(change, field):
+    with pytest.raises(HOTConfigError, match=field.replace(".", r"\.")):
+        hot.HOTConfig.int4().replace(**change)
+
+
+def test_compiled_equals_eager():
+    cfg = hot.HOTConfig.int4().replace(seed=5)
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+    x, gy = torch.randn(2, 16, 16), torch.randn(2, 16, 8)
+    me, mc = hot_copy(base, cfg), hot_copy(base, cfg)
+    ge = grads(me, x, gy)[1]
+    gc = grads(torch.compile(mc, backend="aot_eager", fullgraph=True), x, gy)[1]
+    gc = {k.removeprefix("_orig_mod."): v for k, v in gc.items()}
+    assert ge.keys() == gc.keys()
+    for k in ge:
+        assert torch.equal(ge[k], gc[k]), k
