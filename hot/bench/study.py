@@ -93,6 +93,8 @@ SETTINGS = {s.name: s for s in (
             about="HLQ (HOTConfig.hlq()): the paper setting without ABC and LQS"),
     Setting("int4", ("--method", "int4"), rank=16,
             about="the paper's naive INT4 baseline (HOTConfig.int4())"),
+    Setting("luq", ("--method", "luq"), rank=16,
+            about="the LUQ baseline (HOTConfig.luq()): g_y on 4-bit logarithmic levels"),
     Setting("int8_2", ("--method", "hot"), rank=8, int8_epochs=2,
             about="the paper's pre-training schedule: g_x at 8 bits for 2 epochs, then 4"),
     # Where the gap comes from: each part of HOT alone.

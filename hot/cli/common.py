@@ -114,20 +114,21 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
                    help="HOT backend (default: $HOT_BACKEND, else auto)")
 
 
-# The flags that shape HOT's quantizers, with their defaults: the int4 baseline has its own.
+# The flags that shape HOT's quantizers, with their defaults: the baselines have their own.
 _QUANTIZER_FLAGS = {"hq_bits": 4, "gy_scale": "auto", "hla_rank": 8, "hla_selection": "lowpass",
                     "hla_blocking": "flat", "hla_bits": 8, "abc": "auto", "lqs_ratio": 0.5}
 
 
 def hot_config(args) -> hot.HOTConfig:
-    if getattr(args, "method", None) == "int4":
+    method = getattr(args, "method", None)
+    if method in ("int4", "luq"):
         given = [k for k, v in _QUANTIZER_FLAGS.items() if getattr(args, k) != v]
         if given:
             flag = "--" + given[0].replace("_", "-")
-            raise CLIError(f"{flag} shapes HOT's quantizers; --method int4 is the "
-                             f"naive INT4 baseline (HOTConfig.int4()) and takes only the "
+            raise CLIError(f"{flag} shapes HOT's quantizers; --method {method} is a baseline "
+                             f"with its own (HOTConfig.{method}()) and takes only the "
                              f"schedule flags: drop {flag}, or use --method hot.")
-        return hot.HOTConfig.int4().replace(exact_steps=args.exact_steps,
+        return getattr(hot.HOTConfig, method)().replace(exact_steps=args.exact_steps,
                                             int8_steps=args.int8_steps,
                                             exact_from=args.exact_from)
     return hot.HOTConfig(

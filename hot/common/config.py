@@ -23,7 +23,7 @@ from typing import Optional
 
 VALID_BITS = (4, 8)
 VALID_RANKS = (1, 2, 4, 8, 16)
-METHODS = ("hot", "int4")  # HOTConfig.method
+METHODS = ("hot", "int4", "luq")  # HOTConfig.method
 BLOCK = 16  # the paper's block size for both transforms; kernels assume it
 
 
@@ -177,11 +177,12 @@ class HOTConfig:
     """Everything that defines HOT's backward pass for one layer.
 
     exact_steps: the first N backward calls of each layer use exact gradients (and save x).
-    method: "hot" (HQ on g_x, HLA on g_W, as configured) or "int4", the paper's naive INT4
-        baseline: both backward GEMMs on operands quantized without any transform and at full
-        rank (g_y and W with hq's bits, rounding and scales; g_y and x along the tokens with
-        hla's bits, rounding and scale), x kept by the forward (hla.abc "recompute", rank 16,
-        a fixed g_y scale); see HOTConfig.int4().
+    method: "hot" (HQ on g_x, HLA on g_W, as configured), or a baseline without a transform:
+        "int4", the paper's naive INT4 (both backward GEMMs on operands quantized directly, at
+        full rank: g_y and W with hq's bits, rounding and scales; g_y and x along the tokens
+        with hla's), or "luq", the same with g_y on LUQ's 4-bit logarithmic levels. Both keep x
+        in the forward (hla.abc "recompute", rank 16, a fixed g_y scale); see HOTConfig.int4()
+        and HOTConfig.luq().
     exact_from: None, or from a layer's backward call N on (0-based) its gradients are exact
         again: an exact cool-down for the last steps of a schedule (N = the step the cool-down
         starts at; with one backward per layer and optimizer step, total steps minus its length).
@@ -221,16 +222,23 @@ class HOTConfig:
             if not _is_int(v) or v < 0:
                 raise HOTConfigError(f"HOTConfig.{name}={v!r} must be a non-negative int.")
         _check_choice("HOTConfig.method", self.method, METHODS)
-        if self.method == "int4":
+        if self.method != "hot":
+            m = self.method
             for name, value, ok, fix in (
                     ("hla.rank", self.hla.rank, self.hla.rank == 16, "16 (it runs at full rank)"),
                     ("hla.abc", self.hla.abc, self.hla.abc == "recompute",
                      "'recompute' (it quantizes the kept x in backward)"),
                     ("hq.gy_scale", self.hq.gy_scale, self.hq.gy_scale != "auto",
-                     "'tensor' or 'token' (no LQS)")):
+                     "'tensor' or 'token' (no LQS)"),
+                    ("hq.bits", self.hq.bits, m != "luq" or self.hq.bits == 4,
+                     "4 (LUQ's levels are defined at 4 bits)"),
+                    ("hla.bits", self.hla.bits, m != "luq" or self.hla.bits == 4,
+                     "4 (LUQ's levels are defined at 4 bits)"),
+                    ("int8_steps", self.int8_steps, m != "luq" or self.int8_steps == 0,
+                     "0 (LUQ has no 8-bit levels)")):
                 if not ok:
-                    raise HOTConfigError(f"HOTConfig(method='int4') needs {name} = {fix}, not "
-                                         f"{value!r}; start from HOTConfig.int4().")
+                    raise HOTConfigError(f"HOTConfig(method={m!r}) needs {name} = {fix}, not "
+                                         f"{value!r}; start from HOTConfig.{m}().")
         if self.exact_from is not None and (not _is_int(self.exact_from) or self.exact_from < 0):
             raise HOTConfigError(f"HOTConfig.exact_from={self.exact_from!r} must be None or a "
                                  f"non-negative int (the backward call the exact cool-down "
@@ -264,6 +272,13 @@ class HOTConfig:
         return cls(method="int4",
                    hq=HQConfig(bits=4, gy_scale="tensor", w_scale="tensor"),
                    hla=HLAConfig(rank=16, bits=4, scale="tensor", abc="recompute"))
+
+    @classmethod
+    def luq(cls) -> "HOTConfig":
+        """The LUQ baseline (Chmiel et al., ICLR 2023) with the forward unchanged: g_y on 4-bit
+        radix-2 logarithmic levels with stochastic underflow and unbiased rounding between
+        powers of two (one absmax per tensor), W and x as in HOTConfig.int4()."""
+        return dataclasses.replace(cls.int4(), method="luq")
 
     @classmethod
     def exact(cls) -> "HOTConfig":

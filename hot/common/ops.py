@@ -33,6 +33,14 @@ plain_quantize(x (R, C), HQArgs) -> Quantized(q (R, C), scale (R|1, 1))
     q * scale ~= x: the quantizer of hq_quantize without the transform and without padding
     (the naive INT4 baseline, HOTConfig.int4()). The default implements it; no backend needs to.
 
+luq_quantize(x (R, C), HQArgs) -> Quantized(q (R, C), scale (R|1, 1))
+    LUQ's 4-bit radix-2 logarithmic quantizer (the LUQ baseline, HOTConfig.luq()): with the
+    absmax a (per row or per tensor) and scale e = a / 2^(m-1), m = 7 magnitudes, the codes are
+    0 and +-2^k, k = 0..m-1: |x| / e below 1 becomes 1 with probability |x| / e, else 0
+    (stochastic underflow); between 2^k and 2^(k+1) it becomes 2^(k+1) with probability
+    (|x| / e - 2^k) / 2^k, else 2^k (unbiased rounding between powers of two); E[q * e] = x.
+    Round to nearest (stochastic=False) takes the nearer of the two. The default implements it.
+
 int_gemm_nt(a (M, K), b (N, K), sa (M|1, 1), sb (N|1, 1), out_dtype) -> (M, N)
     (a @ b^T) * sa * sb^T, with the integer products accumulated exactly.
 
@@ -98,8 +106,8 @@ class LayerGrads(NamedTuple):
 
 
 DEFAULT = "reference"
-OPS = ("hq_quantize", "hla_quantize", "plain_quantize", "gy_quantize", "int_gemm_nt",
-       "layer_backward")
+OPS = ("hq_quantize", "hla_quantize", "plain_quantize", "luq_quantize", "gy_quantize",
+       "int_gemm_nt", "layer_backward")
 _IMPLS: dict[str, dict[str, Callable]] = {name: {} for name in OPS}
 
 
@@ -186,6 +194,11 @@ def hla_quantize(x: torch.Tensor, a: HLAArgs, backend: str) -> Quantized:
 def plain_quantize(x: torch.Tensor, a: HQArgs, backend: str) -> Quantized:
     name = DEFAULT if _by_default(x, a.bits) else backend
     return Quantized(*implementation("plain_quantize", name)(x, a))
+
+
+def luq_quantize(x: torch.Tensor, a: HQArgs, backend: str) -> Quantized:
+    name = DEFAULT if _by_default(x, a.bits) else backend
+    return Quantized(*implementation("luq_quantize", name)(x, a))
 
 
 def gy_quantize(x: torch.Tensor, hq: HQArgs, hla: HLAArgs,

@@ -100,9 +100,9 @@ def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_d
         gw = (gy2d.t().to(saved.dtype) @ saved).to(w_dtype) if need_gw else None
         return LayerGrads(gx, gw, gy2d.sum(0) if need_gb else None)
     cfg = plan.config
-    if cfg.method == "int4":
-        return _int4_grads(plan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_dtype,
-                           need_gb)
+    if cfg.method != "hot":
+        return _baseline_grads(plan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_dtype,
+                               need_gb)
     hq = HQArgs(bp.gx_bits, bp.gy_scale_mode, cfg.hq.gy_rounding == "stochastic", bp.seed_gy)
     hq_w = HQArgs(bp.gx_bits, scale_mode(cfg.hq.w_scale), cfg.hq.w_rounding == "stochastic",
                   bp.seed_w)
@@ -135,25 +135,27 @@ def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_d
     return LayerGrads(gx, gw, gb)
 
 
-def _int4_grads(plan: LayerPlan, bp, gy2d, w2d, x2d, need_gx, need_gw, x_dtype, w_dtype,
-                need_gb) -> LayerGrads:
-    """The naive INT4 baseline (HOTConfig.int4()): the same two GEMMs on operands quantized
-    without a transform. g_x = Q(g_y) Q(W^T)^T contracts over O, so g_y's scale is per token or
-    per tensor and W^T's per input channel or per tensor; g_W = Q(g_y^T) Q(x^T)^T contracts
-    over the tokens, so the scales are per output / input channel or per tensor. Reference
-    operations on every backend: no fast kernel takes untransformed codes."""
+def _baseline_grads(plan: LayerPlan, bp, gy2d, w2d, x2d, need_gx, need_gw, x_dtype, w_dtype,
+                    need_gb) -> LayerGrads:
+    """The baselines without a transform (HOTConfig.int4(), HOTConfig.luq()): the same two GEMMs
+    on operands quantized directly. g_x = Q(g_y) Q(W^T)^T contracts over O, so g_y's scale is
+    per token or per tensor and W^T's per input channel or per tensor; g_W = Q(g_y^T) Q(x^T)^T
+    contracts over the tokens, so the scales are per output / input channel or per tensor. g_y's
+    quantizer is LUQ's for "luq", the plain one for "int4"; W and x always get the plain one.
+    Reference operations on every backend: no fast kernel takes untransformed codes."""
     cfg, ref = plan.config, ops.DEFAULT
+    gy_quantize = ops.luq_quantize if cfg.method == "luq" else ops.plain_quantize
     gx = gw = None
     if need_gx:
         hq = HQArgs(bp.gx_bits, bp.gy_scale_mode, cfg.hq.gy_rounding == "stochastic", bp.seed_gy)
         hq_w = HQArgs(bp.gx_bits, scale_mode(cfg.hq.w_scale), cfg.hq.w_rounding == "stochastic",
                       bp.seed_w)
-        qg, qw = ops.plain_quantize(gy2d, hq, ref), ops.plain_quantize(w2d.t(), hq_w, ref)
+        qg, qw = gy_quantize(gy2d, hq, ref), ops.plain_quantize(w2d.t(), hq_w, ref)
         gx = ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, ref)
     if need_gw:
         h = cfg.hla
         mode, sr = scale_mode(h.scale), h.rounding == "stochastic"
-        qg = ops.plain_quantize(gy2d.t(), HQArgs(h.bits or 0, mode, sr, bp.seed_hla), ref)
+        qg = gy_quantize(gy2d.t(), HQArgs(h.bits or 0, mode, sr, bp.seed_hla), ref)
         qx = ops.plain_quantize(x2d.t(), HQArgs(h.bits or 0, mode, sr, plan.seed_x), ref)
         gw = ops.int_gemm_nt(qg.q, qx.q, qg.scale, qx.scale, w_dtype, ref)
     return LayerGrads(gx, gw, gy2d.sum(0) if need_gb else None)

@@ -38,6 +38,29 @@ def plain_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
     return _finish(x.to(compute_dtype(x)), a.bits, a.scale_mode, a.stochastic, a.seed)
 
 
+LUQ_MAGNITUDES = 7  # 4-bit LUQ: a sign and the codes 0, 2^0 .. 2^6
+
+
+def luq_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
+    t = x.to(compute_dtype(x))
+    top = float(1 << (LUQ_MAGNITUDES - 1))
+    dims = (1,) if a.scale_mode == ops.ScaleMode.ROW else (0, 1)
+    amax = t.abs().amax(dim=dims, keepdim=True).to(torch.float32).reshape(-1, 1)
+    scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+    v = (t.abs() / (scale if a.scale_mode == ops.ScaleMode.ROW else scale.reshape(()))
+         ).to(torch.float32)
+    u = (quant.uniform(quant.seed_value(a.seed), tuple(t.shape), device=t.device)
+         if a.stochastic else torch.full_like(v, 0.5))
+    # v = m * 2^e with m in [0.5, 1): the power of two below v is 2^(e - 1), exactly
+    lo = torch.ldexp(torch.ones_like(v), torch.frexp(v).exponent - 1).clamp_(max=top)
+    up = torch.where(v < 1, u < v, u < (v - lo) / lo)
+    code = torch.where(v < 1, up.to(v.dtype), torch.where(up, 2 * lo, lo)).clamp_(max=top)
+    q = (code * torch.sign(t).to(v.dtype)).to(torch.int8)
+    if not bool(torch.isfinite(amax).all()):
+        q = torch.where(torch.isfinite(v), q, torch.zeros_like(q))
+    return Quantized(q, scale)
+
+
 def _absmax_int(t: torch.Tensor) -> int:
     # aminmax on the int8 codes themselves: abs() of int8 -128 would overflow.
     if t.numel() == 0:
@@ -103,6 +126,7 @@ def int_gemm_nt(a, b, sa, sb, out_dtype):
 
 
 for _name, _fn in (("hq_quantize", hq_quantize), ("hla_quantize", hla_quantize),
-                  ("plain_quantize", plain_quantize), ("int_gemm_nt", int_gemm_nt)):
+                  ("plain_quantize", plain_quantize), ("luq_quantize", luq_quantize),
+                  ("int_gemm_nt", int_gemm_nt)):
     ops.register(_name, ops.DEFAULT, _fn)
 register_backend(Backend(ops.DEFAULT, why_unavailable=lambda device: None))

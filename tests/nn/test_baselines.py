@@ -1,5 +1,6 @@
-"""The naive INT4 baseline (HOTConfig.int4()): both backward GEMMs on 4-bit operands quantized
-without a transform, one absmax scale per tensor, full rank; the forward keeps x."""
+"""The baselines without a transform: naive INT4 (HOTConfig.int4(): both backward GEMMs on
+4-bit operands quantized directly, one absmax scale per tensor, full rank; the forward keeps x)
+and LUQ (HOTConfig.luq(): the same with g_y on 4-bit logarithmic levels)."""
 
 import pytest
 import torch
@@ -120,8 +121,9 @@ def test_config_names_what_int4_needs(change, field):
         hot.HOTConfig.int4().replace(**change)
 
 
-def test_compiled_equals_eager():
-    cfg = hot.HOTConfig.int4().replace(seed=5)
+@pytest.mark.parametrize("method", ["int4", "luq"])
+def test_compiled_equals_eager(method):
+    cfg = getattr(hot.HOTConfig, method)().replace(seed=5)
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
     x, gy = torch.randn(2, 16, 16), torch.randn(2, 16, 8)
@@ -132,3 +134,51 @@ def test_compiled_equals_eager():
     assert ge.keys() == gc.keys()
     for k in ge:
         assert torch.equal(ge[k], gc[k]), k
+
+
+def _luq(x, stochastic, seed=0, mode=ops.ScaleMode.TENSOR):
+    return ops.luq_quantize(x, ops.HQArgs(4, mode, stochastic, seed), ops.DEFAULT)
+
+
+def test_luq_levels_are_powers_of_two_of_the_absmax():
+    x = torch.tensor([[64.0, 0.3, -1.5, 3.0, 0.0, -64.0, 40.0, 0.7]]) / 8
+    q, s = _luq(x, stochastic=False)
+    assert float(s) == 1 / 8  # absmax / 2^6
+    assert q.tolist() == [[64, 0, -1, 2, 0, -64, 32, 1]]  # nearer level; ties go down
+    q, _ = _luq(torch.randn(64, 33, generator=torch.Generator().manual_seed(0)), True, seed=3)
+    assert set(q.abs().unique().tolist()) <= {0, 1, 2, 4, 8, 16, 32, 64}
+    qr, sr = _luq(torch.randn(5, 16), True, mode=ops.ScaleMode.ROW)
+    assert sr.shape == (5, 1) and (qr.abs().amax(1) == 64).all()
+
+
+def test_luq_is_unbiased():
+    """Mean of N = 400 draws against x per element. A draw lands on one of the two levels around
+    |x| / e, at most 2^5 e apart below the top: sd <= 16 e, the mean's sd <= 16 e / 20 = 0.8 e; a
+    bound of 6 of those (4.8 e) fails by chance with probability below 1e-7 over 48 elements,
+    while dropping the underflow's or the rounding's probability shifts means by up to
+    e / 2 ... 2^5 e / 2 on the elements placed there."""
+    top = 64
+    v = torch.tensor([0.2, 0.5, 0.9, 1.3, 2.6, 5.0, 11.0, 23.0, 47.0, 63.0, 64.0, 33.0])
+    x = torch.cat([v, -v, v / 2, -v / 3]).reshape(4, 12)
+    e = float(x.abs().max()) / top
+    draws = torch.stack([(lambda q, s: q.float() * s)(*_luq(x, True, seed=i))
+                         for i in range(400)])
+    assert ((draws.mean(0) - x).abs() <= 4.8 * e).all()
+    small = x.abs() < e  # stochastic underflow: mean |x|, not 0
+    assert (draws.mean(0)[small].abs() > 0).all()
+
+
+def test_luq_layer_differs_from_int4_only_in_g_y():
+    """Same seeds: LUQ's g_x uses LUQ(g_y), INT4's the plain 4-bit g_y; W is quantized alike."""
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 20, bias=False)
+    x, gy = torch.randn(32, 24, requires_grad=True), torch.randn(32, 20)
+    nearest = {"hq": {"gy_rounding": "nearest", "w_rounding": "nearest"},
+               "hla": {"rounding": "nearest"}}
+    g4 = grads(hot_copy(wrap(lin), hot.HOTConfig.int4().replace(**nearest)), x, gy)
+    gl = grads(hot_copy(wrap(lin), hot.HOTConfig.luq().replace(**nearest)), x, gy)
+    qw = _q4_nearest(lin.weight.detach())
+    q, s = _luq(gy, stochastic=False)
+    want = (q.double() * s.double()) @ qw
+    assert torch.allclose(gl[0].double(), want, rtol=1e-5, atol=1e-5 * want.abs().max())
+    assert not torch.allclose(gl[0], g4[0])
