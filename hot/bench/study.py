@@ -95,6 +95,8 @@ SETTINGS = {s.name: s for s in (
             about="the paper's naive INT4 baseline (HOTConfig.int4())"),
     Setting("luq", ("--method", "luq"), rank=16,
             about="the LUQ baseline (HOTConfig.luq()): g_y on 4-bit logarithmic levels"),
+    Setting("lbp_wht", ("--method", "lbp-wht"), rank=8,
+            about="the LBP-WHT baseline (HOTConfig.lbp_wht()): low-pass g_y on both paths"),
     Setting("int8_2", ("--method", "hot"), rank=8, int8_epochs=2,
             about="the paper's pre-training schedule: g_x at 8 bits for 2 epochs, then 4"),
     # Where the gap comes from: each part of HOT alone.

@@ -121,14 +121,15 @@ _QUANTIZER_FLAGS = {"hq_bits": 4, "gy_scale": "auto", "hla_rank": 8, "hla_select
 
 def hot_config(args) -> hot.HOTConfig:
     method = getattr(args, "method", None)
-    if method in ("int4", "luq"):
+    if method in ("int4", "luq", "lbp-wht"):
         given = [k for k, v in _QUANTIZER_FLAGS.items() if getattr(args, k) != v]
         if given:
             flag = "--" + given[0].replace("_", "-")
             raise CLIError(f"{flag} shapes HOT's quantizers; --method {method} is a baseline "
-                             f"with its own (HOTConfig.{method}()) and takes only the "
+                             f"with its own (HOTConfig.{method.replace('-', '_')}()) and takes only the "
                              f"schedule flags: drop {flag}, or use --method hot.")
-        return getattr(hot.HOTConfig, method)().replace(exact_steps=args.exact_steps,
+        preset = getattr(hot.HOTConfig, method.replace("-", "_"))
+        return preset().replace(exact_steps=args.exact_steps,
                                             int8_steps=args.int8_steps,
                                             exact_from=args.exact_from)
     return hot.HOTConfig(

@@ -51,5 +51,8 @@ register(Method("hot", "HOT backward on every Linear/Conv2d (LoRA: frozen base l
 register(Method("hot-bf16", "HOT under bf16 autocast", autocast=torch.bfloat16, prepare=_hot))
 register(Method("int4", "the paper's naive INT4 baseline (HOTConfig.int4()): 4-bit operands "
                 "in both backward GEMMs, no transform, full rank", prepare=_hot))
+register(Method("lbp-wht", "the LBP-WHT baseline (HOTConfig.lbp_wht()): g_y and x projected "
+                "on 8 of 16 Walsh rows along the tokens on both paths, no quantization",
+                prepare=_hot))
 register(Method("luq", "the LUQ baseline (HOTConfig.luq()): as int4 with g_y on 4-bit "
                 "logarithmic levels", prepare=_hot))

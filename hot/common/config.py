@@ -23,7 +23,7 @@ from typing import Optional
 
 VALID_BITS = (4, 8)
 VALID_RANKS = (1, 2, 4, 8, 16)
-METHODS = ("hot", "int4", "luq")  # HOTConfig.method
+METHODS = ("hot", "int4", "luq", "lbp_wht")  # HOTConfig.method
 BLOCK = 16  # the paper's block size for both transforms; kernels assume it
 
 
@@ -182,7 +182,8 @@ class HOTConfig:
         full rank: g_y and W with hq's bits, rounding and scales; g_y and x along the tokens
         with hla's), or "luq", the same with g_y on LUQ's 4-bit logarithmic levels. Both keep x
         in the forward (hla.abc "recompute", rank 16, a fixed g_y scale); see HOTConfig.int4()
-        and HOTConfig.luq().
+        and HOTConfig.luq(). "lbp_wht": no quantization (hq.bits = hla.bits = None); g_W as
+        HLA's, g_x = P g_y W with P HLA's projection along the tokens; HOTConfig.lbp_wht().
     exact_from: None, or from a layer's backward call N on (0-based) its gradients are exact
         again: an exact cool-down for the last steps of a schedule (N = the step the cool-down
         starts at; with one backward per layer and optimizer step, total steps minus its length).
@@ -222,7 +223,7 @@ class HOTConfig:
             if not _is_int(v) or v < 0:
                 raise HOTConfigError(f"HOTConfig.{name}={v!r} must be a non-negative int.")
         _check_choice("HOTConfig.method", self.method, METHODS)
-        if self.method != "hot":
+        if self.method in ("int4", "luq"):
             m = self.method
             for name, value, ok, fix in (
                     ("hla.rank", self.hla.rank, self.hla.rank == 16, "16 (it runs at full rank)"),
@@ -239,6 +240,14 @@ class HOTConfig:
                 if not ok:
                     raise HOTConfigError(f"HOTConfig(method={m!r}) needs {name} = {fix}, not "
                                          f"{value!r}; start from HOTConfig.{m}().")
+        if self.method == "lbp_wht":
+            for name, value, ok, fix in (
+                    ("hq.bits", self.hq.bits, self.hq.bits is None, "None (no quantization)"),
+                    ("hla.bits", self.hla.bits, self.hla.bits is None, "None (no quantization)"),
+                    ("hla.blocking", self.hla.blocking, self.hla.blocking == "flat", "'flat'")):
+                if not ok:
+                    raise HOTConfigError(f"HOTConfig(method='lbp_wht') needs {name} = {fix}, "
+                                         f"not {value!r}; start from HOTConfig.lbp_wht().")
         if self.exact_from is not None and (not _is_int(self.exact_from) or self.exact_from < 0):
             raise HOTConfigError(f"HOTConfig.exact_from={self.exact_from!r} must be None or a "
                                  f"non-negative int (the backward call the exact cool-down "
@@ -279,6 +288,15 @@ class HOTConfig:
         radix-2 logarithmic levels with stochastic underflow and unbiased rounding between
         powers of two (one absmax per tensor), W and x as in HOTConfig.int4()."""
         return dataclasses.replace(cls.int4(), method="luq")
+
+    @classmethod
+    def lbp_wht(cls, rank: int = 8) -> "HOTConfig":
+        """The LBP-WHT baseline (Yang et al., NeurIPS 2023), unquantized: g_y and x projected onto
+        ``rank`` of the 16 Walsh rows of every block of 16 tokens (the 2-D LP_L1 order read on
+        each block as a 4x4 patch) on both backward paths: g_x = P g_y W, g_W = (T g_y)^T (T x),
+        the forward keeping T x."""
+        return cls(method="lbp_wht", hq=HQConfig(bits=None),
+                   hla=HLAConfig(rank=rank, selection="lp_l1", bits=None))
 
     @classmethod
     def exact(cls) -> "HOTConfig":

@@ -72,3 +72,14 @@ def hla_transform(x: torch.Tensor, rank: int, selection: str) -> torch.Tensor:
     # (nb, 16, C) view: no copy of the input (a transposed view made CPU bmm ~500x slower).
     coef = torch.matmul(_hla(rank, selection, x.device, dt), xp.reshape(l16 // BLOCK, BLOCK, c))
     return coef.permute(2, 0, 1).reshape(c, l16 // BLOCK * rank)
+
+
+def hla_untransform(coef: torch.Tensor, rank: int, selection: str, length: int) -> torch.Tensor:
+    """(I (x) T_r)^T coef cropped to ``length`` rows, for coef (L16 / 16 * rank, C): the
+    adjoint of hla_transform, so hla_untransform(hla_transform(x).T, ...) = P x with P the
+    orthogonal projection onto the kept Walsh rows of every block of 16 rows (LBP-WHT's g_x)."""
+    dt = compute_dtype(coef)
+    nb, c = coef.shape[0] // rank, coef.shape[1]
+    rows = torch.matmul(_hla(rank, selection, coef.device, dt).t(),
+                        coef.to(dt).reshape(nb, rank, c))
+    return rows.reshape(nb * BLOCK, c)[:length]

@@ -363,7 +363,8 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
     if need_gw:
         saved = saved0 if exact else ops.Quantized(saved0, saved1)
     with no_autocast(gy2d.device.type):
-        if recompute and need_gw and cfg.method == "hot":  # the baselines quantize x itself
+        # int4 and luq quantize x itself; HOT and LBP-WHT work on x's HLA codes
+        if recompute and need_gw and cfg.method in ("hot", "lbp_wht"):
             saved = abc_codes(plan, saved0)
         elif recompute and need_gw:
             saved = saved0

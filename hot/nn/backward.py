@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ..common import ops
 from ..common.ops import HLAArgs, HQArgs, LayerGrads, Quantized, ScaleMode
+from ..common.transforms import hla_untransform
 from .state import LayerPlan, begin_backward
 
 
@@ -100,6 +101,9 @@ def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_d
         gw = (gy2d.t().to(saved.dtype) @ saved).to(w_dtype) if need_gw else None
         return LayerGrads(gx, gw, gy2d.sum(0) if need_gb else None)
     cfg = plan.config
+    if cfg.method == "lbp_wht":
+        return _lbp_wht_grads(plan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_dtype,
+                              need_gb)
     if cfg.method != "hot":
         return _baseline_grads(plan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_dtype,
                                need_gb)
@@ -133,6 +137,22 @@ def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_d
     if need_gb and gb is None:
         gb = gy2d.sum(0)
     return LayerGrads(gx, gw, gb)
+
+
+def _lbp_wht_grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_dtype,
+                   need_gb) -> LayerGrads:
+    """LBP-WHT (HOTConfig.lbp_wht()): g_y projected along the tokens on both paths, nothing
+    quantized. g_x = (I (x) T_r)^T ((T g_y) W), the GEMM in the low-pass domain (r/16 of the
+    tokens); g_W = (T g_y)^T (T x) with T x the forward's codes (HLA with bits None)."""
+    hla = hla_args(plan, 0)
+    coef = ops.hla_quantize(gy2d, hla, ops.DEFAULT).q  # (O, Lr): T g_y, transposed
+    gx = gw = None
+    if need_gx:
+        low = coef.t() @ w2d.to(coef.dtype)  # (Lr, I)
+        gx = hla_untransform(low, hla.rank, hla.selection, gy2d.shape[0]).to(x_dtype)
+    if need_gw:
+        gw = (coef @ saved.q.to(coef.dtype).t()).to(w_dtype)
+    return LayerGrads(gx, gw, gy2d.sum(0) if need_gb else None)
 
 
 def _baseline_grads(plan: LayerPlan, bp, gy2d, w2d, x2d, need_gx, need_gw, x_dtype, w_dtype,

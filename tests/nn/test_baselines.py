@@ -9,7 +9,7 @@ import torch.nn as nn
 import hot
 from hot.common import ops
 from hot.common.config import HOTConfigError
-from hot_testing import grads, hot_copy, saved_by_forward, wrap
+from hot_testing import grads, hot_copy, projector, saved_by_forward, wrap
 
 
 def _q4_nearest(t: torch.Tensor) -> torch.Tensor:
@@ -121,7 +121,7 @@ def test_config_names_what_int4_needs(change, field):
         hot.HOTConfig.int4().replace(**change)
 
 
-@pytest.mark.parametrize("method", ["int4", "luq"])
+@pytest.mark.parametrize("method", ["int4", "luq", "lbp_wht"])
 def test_compiled_equals_eager(method):
     cfg = getattr(hot.HOTConfig, method)().replace(seed=5)
     torch.manual_seed(0)
@@ -182,3 +182,30 @@ def test_luq_layer_differs_from_int4_only_in_g_y():
     want = (q.double() * s.double()) @ qw
     assert torch.allclose(gl[0].double(), want, rtol=1e-5, atol=1e-5 * want.abs().max())
     assert not torch.allclose(gl[0], g4[0])
+
+
+@pytest.mark.parametrize("rank", [4, 8, 16])
+@pytest.mark.parametrize("abc", ["save", "recompute"])
+def test_lbp_wht_is_the_projection_on_both_paths(rank, abc):
+    """g_x = P g_y W and g_W = g_y^T P x with P the LP_L1 projection on each block of 16 tokens
+    (40 tokens: the last block zero-padded); exact at rank 16. float32 transforms of sums of
+    at most 16 + 20 terms: 1e-5 relative is 100 ulps."""
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 20)
+    cfg = hot.HOTConfig.lbp_wht(rank).replace(hla={"abc": abc})
+    x, gy = torch.randn(40, 24, requires_grad=True), torch.randn(40, 20)
+    gx, g = grads(hot_copy(wrap(lin), cfg), x, gy)
+    p = projector(40, rank, "lp_l1")
+    w = lin.weight.detach().double()
+    want_gx = p @ gy.double() @ w
+    want_gw = gy.double().T @ p @ x.detach().double()
+    assert torch.allclose(gx.double(), want_gx, atol=1e-5 * want_gx.abs().max())
+    assert torch.allclose(g["0.weight"].double(), want_gw, atol=1e-5 * want_gw.abs().max())
+    assert torch.allclose(g["0.bias"], gy.sum(0))
+    exact = gy.double() @ w
+    assert torch.allclose(gx.double(), exact, atol=1e-4) == (rank == 16)
+
+
+def test_lbp_wht_config_refuses_quantization():
+    with pytest.raises(HOTConfigError, match=r"hq\.bits"):
+        hot.HOTConfig.lbp_wht().replace(hq={"bits": 4})
