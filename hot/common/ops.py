@@ -173,39 +173,32 @@ def int_gemm_fake(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> t
 # ---------------------------------------------------------------- the operations
 
 
-def _hq(x: torch.Tensor, a: HQArgs, backend: str) -> Quantized:
+def _quantize(op: str, x: torch.Tensor, a, backend: str) -> Quantized:
     name = DEFAULT if _by_default(x, a.bits) else backend
-    return Quantized(*implementation("hq_quantize", name)(x, a))
-
-
-def _hla(x: torch.Tensor, a: HLAArgs, backend: str) -> Quantized:
-    name = DEFAULT if _by_default(x, a.bits) else backend
-    return Quantized(*implementation("hla_quantize", name)(x, a))
+    return Quantized(*implementation(op, name)(x, a))
 
 
 def hq_quantize(x: torch.Tensor, a: HQArgs, backend: str) -> Quantized:
-    return _hq(x, a, backend)
+    return _quantize("hq_quantize", x, a, backend)
 
 
 def hla_quantize(x: torch.Tensor, a: HLAArgs, backend: str) -> Quantized:
-    return _hla(x, a, backend)
+    return _quantize("hla_quantize", x, a, backend)
 
 
 def plain_quantize(x: torch.Tensor, a: HQArgs, backend: str) -> Quantized:
-    name = DEFAULT if _by_default(x, a.bits) else backend
-    return Quantized(*implementation("plain_quantize", name)(x, a))
+    return _quantize("plain_quantize", x, a, backend)
 
 
 def luq_quantize(x: torch.Tensor, a: HQArgs, backend: str) -> Quantized:
-    name = DEFAULT if _by_default(x, a.bits) else backend
-    return Quantized(*implementation("luq_quantize", name)(x, a))
+    return _quantize("luq_quantize", x, a, backend)
 
 
 def gy_quantize(x: torch.Tensor, hq: HQArgs, hla: HLAArgs,
                 backend: str) -> tuple[Quantized, Quantized]:
     fused = _IMPLS["gy_quantize"].get(backend)
     if fused is None or _by_default(x, hq.bits) or _by_default(x, hla.bits):
-        return _hq(x, hq, backend), _hla(x, hla, backend)
+        return hq_quantize(x, hq, backend), hla_quantize(x, hla, backend)
     a, b = fused(x, hq, hla)
     return Quantized(*a), Quantized(*b)
 
