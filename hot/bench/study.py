@@ -225,18 +225,27 @@ def run(args) -> int:
     extra = tuple(["--train-size", str(args.train_size)] if args.train_size else [])
     cells = [Cell(t, s, seed, root, args.epochs or t.epochs, extra)
              for t in tasks for s in settings for seed in seeds]
+    run_cells(cells, args.workers, args.device, args.data_root, args.time_limit)
+    return table(argparse.Namespace(out=args.out))
+
+
+def run_cells(cells: list[Cell], workers: int, device: str, data_root: Optional[str],
+              time_limit: Optional[float] = None, say=print) -> list[str]:
+    """Run the cells that have not finished, ``workers`` at a time; returns one line per cell
+    run (also passed to ``say``)."""
     todo = [c for c in cells if not c.done()]
-    print(f"{len(cells)} cells, {len(cells) - len(todo)} finished earlier, {len(todo)} to run "
-          f"on {args.workers} workers", flush=True)
-    threads = max(1, (os.cpu_count() or 1) // args.workers)
-    deadline = time.monotonic() + args.time_limit if args.time_limit else None
-    with cf.ThreadPoolExecutor(args.workers) as ex:
-        futs = [ex.submit(_run_cell, c, args.device, args.data_root, threads, deadline)
-                for c in todo]
+    say(f"{len(cells)} cells, {len(cells) - len(todo)} finished earlier, {len(todo)} to run "
+        f"on {workers} workers")
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    deadline = time.monotonic() + time_limit if time_limit else None
+    lines = []
+    with cf.ThreadPoolExecutor(workers) as ex:
+        futs = [ex.submit(_run_cell, c, device, data_root, threads, deadline) for c in todo]
         for f in cf.as_completed(futs):
             c, what = f.result()
-            print(f"{c.task.name} {c.setting.name} seed {c.seed}: {what}", flush=True)
-    return table(argparse.Namespace(out=args.out))
+            lines.append(f"{c.task.name} {c.setting.name} seed {c.seed}: {what}")
+            say(lines[-1])
+    return lines
 
 
 def _mean_sd(v: list[float]) -> tuple[float, float]:
@@ -254,10 +263,10 @@ def hla_kept(setting: Setting, steps: int, exact_steps: int) -> Optional[float]:
     return (1 - setting.rank / 16) / (1 - 8 / 16) * hot_share
 
 
-def collect(root: pathlib.Path) -> list[dict]:
+def collect(root: pathlib.Path, tasks: Optional[list[Task]] = None) -> list[dict]:
     """One row per (task, setting) with finished cells, FP32's row first within a task."""
     rows = []
-    for task in TASKS.values():
+    for task in tasks or TASKS.values():
         runs = {}
         for s in SETTINGS.values():
             d = root / task.name / s.name

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Optional
 
-from . import bench, demo, gbops, inspect, memory, train
+from . import bench, compare, demo, gbops, inspect, memory, train
 from .errors import (EXIT_ERROR, EXIT_INTERRUPTED, UsageError, debug_enabled, describe,
                      print_traceback, report)
 
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--version", action="version", version=f"hot {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in (demo, train, memory, gbops, inspect, bench):
+    for mod in (demo, train, compare, memory, gbops, inspect, bench):
         mod.add_parser(sub)
     for q in [p, *sub.choices.values()]:
         q.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     """Run one subcommand; returns the exit status (0, 2 on any error, 130 on Ctrl-C)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    own = argv[: argv.index("--")] if "--" in argv else argv  # after `--`: bench's arguments
+    own = argv[: argv.index("--")] if "--" in argv else argv  # after `--`: bench's / compare's
     as_json, debug = "--json" in own, debug_enabled(own)
     prog = "hot"
     try:
