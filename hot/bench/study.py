@@ -53,6 +53,7 @@ class Setting:
     warmup_epochs: int = 0      # epochs of exact backward before HOT (--exact-steps)
     cooldown_epochs: int = 0    # epochs of exact backward after HOT (--exact-from)
     int8_epochs: int = 0        # epochs with g_x at 8 bits after the warm-up (--int8-steps)
+    per_layer: bool = False     # ranks differ by layer: HLA kept from the run's hla_rank_share
     about: str = ""
 
 
@@ -61,7 +62,16 @@ TASKS = {t.name: t for t in (
     # of 469 steps (60,000 images, batch 128).
     Task("tinyvit-fmnist", ("--model", "tiny-vit", "--dataset", "fashion-mnist"), "test_acc",
          5, steps_per_epoch=469),
+    # The paper's Table-4 CNN and hybrid: timm models from scratch on the same data (ResNet-18
+    # takes 28x28 as it is; EfficientFormer-L1's attention tables need 224x224).
+    Task("resnet18-fmnist", ("--model", "resnet18", "--dataset", "fashion-mnist"), "test_acc",
+         5, steps_per_epoch=469),
+    Task("efficientformer-fmnist", ("--model", "efficientformer_l1", "--dataset", "fashion-mnist",
+                                    "--image-size", "224"), "test_acc", 5, steps_per_epoch=469),
     Task("minilm-rt", ("--model", "minilm", "--dataset", "rotten-tomatoes"), "test_acc", 2),
+    # LoRA (rank 8) on MiniLM: which layers run HOT is the setting (lora_adapters, lora_both).
+    Task("minilm-rt-lora", ("--model", "minilm", "--dataset", "rotten-tomatoes", "--lora-r", "8",
+                            "--lr", "5e-4"), "test_acc", 2),
     Task("lm", ("--model", "llama-tiny", "--dataset", "rotten-tomatoes-lm"), "val_ppl", 2),
     # A few seconds on a CPU: the harness's own test.
     Task("smoke", ("--model", "tiny-vit", "--dataset", "mnist-5k", "--train-size", "256",
@@ -91,6 +101,26 @@ SETTINGS = {s.name: s for s in (
             cooldown_epochs=1, about="one exact epoch first, the paper setting, one exact last"),
     Setting("hlq", ("--method", "hot", "--gy-scale", "token", "--abc", "recompute"), rank=8,
             about="HLQ (HOTConfig.hlq()): the paper setting without ABC and LQS"),
+    Setting("hlq_abc", ("--method", "hot", "--gy-scale", "token", "--abc", "save"), rank=8,
+            about="HLQ + ABC (the paper's Table 1 middle row): INT8 codes saved, no LQS"),
+    Setting("rank2", ("--method", "hot", "--hla-rank", "2"), rank=2,
+            about="HLA rank 2 (the paper's Table 2)"),
+    Setting("rank1", ("--method", "hot", "--hla-rank", "1"), rank=1,
+            about="HLA rank 1 (the paper's Table 2)"),
+    # HLA off (rank 16, quantization kept) on some layers: the share kept is the run's own
+    # (metrics.json hla_rank_share), from the layers' weight sizes.
+    Setting("hla_mlp", ("--method", "hot", "--hla-full-rank", "attn"), rank=8, per_layer=True,
+            about="HLA rank 8 on the MLP layers only; attention layers at rank 16"),
+    Setting("hla_attn", ("--method", "hot", "--hla-full-rank", "fc1,fc2"), rank=8,
+            per_layer=True, about="HLA rank 8 on the attention layers only; MLP at rank 16"),
+    Setting("hla_mlp_warmup1", ("--method", "hot", "--hla-full-rank", "attn"), rank=8,
+            per_layer=True, warmup_epochs=1,
+            about="hla_mlp after one epoch of exact backward"),
+    # Which LoRA layers run HOT (the paper's Table 3; tasks with --lora-r).
+    Setting("lora_adapters", ("--method", "hot", "--lora-hot", "adapters"), rank=8,
+            about="HOT on the trained LoRA factors only (frozen base layers exact)"),
+    Setting("lora_both", ("--method", "hot", "--lora-hot", "both"), rank=8,
+            about="HOT on the frozen base layers and the LoRA factors"),
     Setting("int4", ("--method", "int4"), rank=16,
             about="the paper's naive INT4 baseline (HOTConfig.int4())"),
     Setting("luq", ("--method", "luq"), rank=16,
@@ -174,7 +204,7 @@ class Cell:
         if self.setting.cooldown_epochs:
             start = max(0, self.epochs - self.setting.cooldown_epochs) * self.task.steps_per_epoch
             cmd += ["--exact-from", str(start)]
-        if data_root and self.task.name != "smoke":
+        if data_root and "fashion-mnist" in self.task.flags:
             cmd += ["--data-root", data_root]
         if (self.out / "checkpoint.pt").is_file():  # an interrupted cell goes on where it was
             cmd += ["--resume", str(self.out / "checkpoint.pt")]
@@ -254,12 +284,16 @@ def _mean_sd(v: list[float]) -> tuple[float, float]:
     return m, sd
 
 
-def hla_kept(setting: Setting, steps: int, exact_steps: int) -> Optional[float]:
+def hla_kept(setting: Setting, steps: int, exact_steps: int,
+             rank_share: Optional[float] = None) -> Optional[float]:
     """Fraction of the paper setting's g_W multiply-add saving that ``setting`` keeps, when
-    ``exact_steps`` of its ``steps`` ran exactly (warm-up and cool-down)."""
+    ``exact_steps`` of its ``steps`` ran exactly (warm-up and cool-down); ``rank_share``: the
+    run's own share on its HOT steps where ranks differ by layer (hot train's hla_rank_share)."""
     if setting.rank is None:
         return None
     hot_share = max(0, steps - exact_steps) / steps if steps else 0.0
+    if rank_share is not None:
+        return rank_share * hot_share
     return (1 - setting.rank / 16) / (1 - 8 / 16) * hot_share
 
 
@@ -296,7 +330,8 @@ def collect(root: pathlib.Path, tasks: Optional[list[Task]] = None) -> list[dict
                            else float("nan"), paired_seeds=len(paired))
             one = next(iter(by_seed.values()))
             exact = (s.warmup_epochs + s.cooldown_epochs) * (task.steps_per_epoch or 0)
-            row["hla_kept"] = hla_kept(s, one.get("steps") or 0, exact)
+            row["hla_kept"] = hla_kept(s, one.get("steps") or 0, exact,
+                                       one.get("hla_rank_share") if s.per_layer else None)
             t = [m["time_per_step_s"] for m in by_seed.values() if m.get("time_per_step_s")]
             row["ms_per_step"] = 1e3 * sorted(t)[len(t) // 2] if t else None
             pk = [m["peak_memory_bytes"] for m in by_seed.values() if m.get("peak_memory_bytes")]

@@ -115,3 +115,12 @@ def method_list(v: str) -> list[str]:
             f"{what}; give a comma-separated list of {', '.join(sorted(METHODS))}.")
     return list(dict.fromkeys(names))
 
+
+
+def name_list(v: str) -> tuple[str, ...]:
+    """Comma-separated non-empty parts of layer names, each once."""
+    names = tuple(dict.fromkeys(p.strip() for p in v.split(",") if p.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError(f"{v!r} names no layer; give parts of layer names, "
+                                         f"e.g. attn or qkv,proj.")
+    return names

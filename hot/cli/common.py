@@ -116,13 +116,14 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
 
 # The flags that shape HOT's quantizers, with their defaults: the baselines have their own.
 _QUANTIZER_FLAGS = {"hq_bits": 4, "gy_scale": "auto", "hla_rank": 8, "hla_selection": "lowpass",
-                    "hla_blocking": "flat", "hla_bits": 8, "abc": "auto", "lqs_ratio": 0.5}
+                    "hla_blocking": "flat", "hla_bits": 8, "abc": "auto", "lqs_ratio": 0.5,
+                    "hla_full_rank": ()}
 
 
 def hot_config(args) -> hot.HOTConfig:
     method = getattr(args, "method", None)
     if method in ("int4", "luq", "lbp-wht"):
-        given = [k for k, v in _QUANTIZER_FLAGS.items() if getattr(args, k) != v]
+        given = [k for k, v in _QUANTIZER_FLAGS.items() if getattr(args, k, v) != v]
         if given:
             flag = "--" + given[0].replace("_", "-")
             raise CLIError(f"{flag} shapes HOT's quantizers; --method {method} is a baseline "

@@ -34,7 +34,7 @@ from ..models.llama import LLAMA_PRESETS
 from ..models.registry import build_lm, is_lm_spec
 from .common import (CLIError, device_from, emit, fmt_bytes, hot_config, log, progress,
                      render_table)
-from .methods import METHODS
+from .methods import METHODS, full_rank
 from .trainer import backend_summary
 
 
@@ -71,6 +71,7 @@ class LMSpec:
     hot_config: Optional[hot.HOTConfig] = None
     backend: Optional[str] = None
     exact_layers: tuple = ()
+    hla_full_rank: tuple = ()  # parts of layer names that keep HLA rank 16 (methods.full_rank)
     train_size: Optional[int] = None
     val_size: Optional[int] = None
     max_steps: Optional[int] = None
@@ -161,8 +162,9 @@ def train_lm(spec: LMSpec = LMSpec(), device="cpu", data: Optional[LMData] = Non
     if method.prepare is not None:
         _check_names(model, spec.exact_layers)
         keep = set(spec.exact_layers)
-        model = method.prepare(model, spec.hot_config or hot.HOTConfig(),
-                               lambda fqn, _: fqn not in keep, spec.backend)
+        cfg = spec.hot_config or hot.HOTConfig()
+        model = method.prepare(model, cfg, lambda fqn, _: fqn not in keep, spec.backend)
+        full_rank(model, spec.hla_full_rank, cfg, spec.backend)
     model = model.to(device)
     steps_per_epoch = math.ceil(len(train_b) / spec.batch_size)
     total = steps_per_epoch * spec.epochs
@@ -264,7 +266,7 @@ def run_lm(args) -> int:
                   lr=args.lr if args.lr is not None else 1e-3,
                   weight_decay=args.weight_decay, seed=args.seed, hot_config=hot_config(args),
                   backend=args.backend, train_size=args.train_size, val_size=args.test_size,
-                  max_steps=args.max_steps)
+                  max_steps=args.max_steps, hla_full_rank=args.hla_full_rank)
     device = device_from(args.device)
     data = load_dataset(args.dataset, args.data_root)
     out = pathlib.Path(args.out or pathlib.Path("runs") /

@@ -6,6 +6,7 @@ Extensible: a baseline (e.g. LUQ, LBP-WHT from the baselines issue) registers a 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -35,6 +36,25 @@ def _hot(model: nn.Module, config, filt, backend):
         raise ValueError("method 'hot': no nn.Linear / nn.Conv2d was converted (check the model "
                          "and the LoRA settings); nothing would use HOT.")
     return model
+
+
+def full_rank(model: nn.Module, patterns: tuple, config, backend) -> list[str]:
+    """Give the HOT layers whose name contains one of ``patterns`` HLA rank 16: their g_W keeps
+    every Walsh coefficient (no low-rank projection; the INT8 quantization stays). Returns the
+    names of the layers changed; a pattern that names no HOT layer is an error."""
+    if not patterns:
+        return []
+    names = [n for n, _ in hot.hot_layers(model)]
+    for p in patterns:
+        if not any(p in n for n in names):
+            raise ValueError(f"--hla-full-rank {p!r} names no HOT layer; HOT layers are named "
+                             f"like {names[0]!r}" if names else
+                             f"--hla-full-rank {p!r}: the model has no HOT layer.")
+    chosen = [n for n in names if any(p in n for p in patterns)]
+    keep = set(chosen)
+    wide = config.replace(hla=dataclasses.replace(config.hla, rank=16))
+    hot.convert(model, wide, filter=lambda fqn, _: fqn in keep, backend=backend)
+    return chosen
 
 
 METHODS: dict[str, Method] = {}

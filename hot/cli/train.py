@@ -21,7 +21,7 @@ from .common import (CLIError, add_hot_args, add_json_flag, check_backend, devic
 from .methods import METHODS
 from .modelargs import check_fits, check_tiny_vit
 from .outputs import add_overwrite_flag, claim, write_text
-from .trainer import (RunSpec, checkpoint_complete, epoch_checkpoint, read_checkpoint,
+from .trainer import (LORA_HOT, RunSpec, checkpoint_complete, epoch_checkpoint, read_checkpoint,
                       train_run)
 
 
@@ -60,6 +60,9 @@ def add_parser(sub) -> None:
                    help="LoRA rank via peft (0 = full training); HOT then applies only to the "
                         "frozen base layers")
     p.add_argument("--lora-alpha", type=T.positive_int, default=16)
+    p.add_argument("--lora-hot", choices=LORA_HOT, default="frozen",
+                   help="with --lora-r and a HOT method: which layers run HOT, the frozen base "
+                        "layers (the paper's choice), the trained adapters, or both")
     p.add_argument("--vit-dim", type=T.positive_int, default=128,
                    help="tiny-vit width (a multiple of its 4 heads)")
     p.add_argument("--vit-depth", type=T.positive_int, default=6, help="tiny-vit blocks")
@@ -74,11 +77,28 @@ def add_parser(sub) -> None:
     p.add_argument("--no-plot", action="store_true")
     add_overwrite_flag(p)
     add_hot_args(p)
+    p.add_argument("--hla-full-rank", type=T.name_list, default=(),
+                   help="comma-separated parts of layer names (e.g. attn, or qkv,proj) whose g_W "
+                        "keeps all 16 coefficients: HLA's low-rank projection off there, its "
+                        "INT8 quantization kept (default: none)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
 
+def rank_share(layers) -> Optional[float]:
+    """HLA's g_W saving on these layers as a share of the paper's (rank 8 everywhere): the sum of
+    (1 - r / 16) * weight size over (1/2) * weight size, i.e. per token of g_W multiply-adds
+    where every layer sees the same tokens (a transformer's linear layers)."""
+    sizes = [(m.hot_config.hla.rank, m.weight.numel()) for _, m in layers
+             if m.hot_config.method == "hot"]
+    total = sum(n for _, n in sizes)
+    return sum((1 - r / 16) * n for r, n in sizes) / (0.5 * total) if total else None
+
+
 def run(args) -> int:
+    if args.lora_hot != "frozen" and not args.lora_r:
+        raise CLIError(f"--lora-hot {args.lora_hot} chooses among LoRA layers: add --lora-r "
+                       f"(e.g. --lora-r 8), or drop --lora-hot.")
     if args.dataset in LM_DATASETS:
         from .lmtrain import run_lm
 
@@ -108,6 +128,7 @@ def run(args) -> int:
     spec = RunSpec(method=args.method, epochs=args.epochs, lr=lr, weight_decay=args.weight_decay,
                    batch_size=args.batch_size, seed=args.seed, hot_config=cfg,
                    backend=args.backend, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
+                   lora_hot=args.lora_hot, hla_full_rank=args.hla_full_rank,
                    max_len=args.max_len, image_size=args.image_size, max_steps=args.max_steps,
                    checkpoint=str(out / "checkpoint.pt"), resume=args.resume, resume_state=ck,
                    keep_checkpoints=args.keep_checkpoints)
@@ -119,8 +140,11 @@ def run(args) -> int:
     result = {"model": args.model, "dataset": data.name, "data_note": data.note,
               "train_examples": len(data.y_train) if data.kind == "image" else len(data.train),
               "test_examples": len(data.y_test) if data.kind == "image" else len(data.test),
-              "lr": lr, "lora_r": args.lora_r, "hot_config": cfg.to_dict(),
+              "lr": lr, "lora_r": args.lora_r,
+              "lora_hot": args.lora_hot if args.lora_r else None, "hot_config": cfg.to_dict(),
               "lqs": {n: int(m.hot_lqs) for n, m in layers},
+              "hla_rank": {n: m.hot_config.hla.rank for n, m in layers},
+              "hla_rank_share": rank_share(layers),
               "hot_steps": {n: int(m.hot_step) for n, m in layers}, "out": str(out),
               "wall_time_s": time.perf_counter() - t0,
               "plot": str(png) if not args.no_plot and plots.available() else None, **r}

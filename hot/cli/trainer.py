@@ -26,7 +26,7 @@ from ..data.base import ImageData, TextData
 from . import outputs
 from .common import CLIError, log, progress
 from .errors import one_line
-from .methods import METHODS
+from .methods import METHODS, full_rank
 
 
 @dataclass
@@ -41,6 +41,8 @@ class RunSpec:
     backend: Optional[str] = None
     lora_r: int = 0
     lora_alpha: int = 16
+    lora_hot: str = "frozen"  # which LoRA layers run HOT: "frozen", "adapters" or "both"
+    hla_full_rank: tuple = ()  # parts of layer names that keep HLA rank 16 (methods.full_rank)
     max_len: int = 64
     image_size: Optional[int] = None
     max_steps: Optional[int] = None  # stop early (smoke runs)
@@ -181,6 +183,19 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+LORA_HOT = ("frozen", "adapters", "both")
+
+
+def lora_filter(which: str):
+    """convert's filter for the LoRA layers that run HOT (the paper's Table 3): the frozen base
+    layers (peft's base_layer), the trained low-rank factors (lora_A, lora_B), or both."""
+    frozen = lambda fqn: "base_layer" in fqn  # noqa: E731
+    adapters = lambda fqn: ".lora_A." in fqn or ".lora_B." in fqn  # noqa: E731
+    pick = {"frozen": frozen, "adapters": adapters,
+            "both": lambda fqn: frozen(fqn) or adapters(fqn)}[which]
+    return lambda fqn, m: pick(fqn)
+
+
 def prepare_model(builder, spec: RunSpec, device):
     """Seeded build, LoRA, method preparation; returns (model, built)."""
     torch.manual_seed(spec.seed)
@@ -190,8 +205,10 @@ def prepare_model(builder, spec: RunSpec, device):
         model = apply_lora(model, built.kind, spec.lora_r, spec.lora_alpha)
     method = METHODS[spec.method]
     if method.prepare is not None:
-        filt = (lambda fqn, m: "base_layer" in fqn) if spec.lora_r else None
-        model = method.prepare(model, spec.hot_config or hot.HOTConfig(), filt, spec.backend)
+        filt = lora_filter(spec.lora_hot) if spec.lora_r else None
+        cfg = spec.hot_config or hot.HOTConfig()
+        model = method.prepare(model, cfg, filt, spec.backend)
+        full_rank(model, spec.hla_full_rank, cfg, spec.backend)
     return model.to(device), built
 
 

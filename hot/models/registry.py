@@ -16,6 +16,7 @@ import pathlib
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
 import torch.nn as nn
 
 from ..data.base import DataUnavailableError, package_dir
@@ -96,7 +97,29 @@ def _timm(name: str, classes: int, input_shape: Optional[tuple]) -> BuiltModel:
         m = None  # architecture without an img_size argument (CNNs take any size)
     if m is None:
         m = timm.create_model(name, **kw)
+    cfg = getattr(m, "pretrained_cfg", None) or {}
+    need = tuple(cfg.get("input_size", ()))[-2:]
+    if input_shape is not None and cfg.get("fixed_input_size") and need and \
+            tuple(input_shape[1:]) != need and not _runs_on(m, input_shape):
+        # Such models (EfficientFormer, LeViT) may hold position tables built for one resolution
+        # whatever img_size says: other sizes fail deep inside the forward with a shape error.
+        raise ModelError(f"timm model {name!r} takes only {need[0]}x{need[1]} images; the data "
+                         f"gives {input_shape[1]}x{input_shape[2]}: pass --image-size {need[0]}.")
     return BuiltModel(m, "image", name)
+
+
+def _runs_on(m, input_shape: tuple) -> bool:
+    """Whether one forward of a zero image of input_shape goes through m (eval mode, no grad)."""
+    was = m.training
+    m.eval()
+    try:
+        with torch.no_grad():
+            m(torch.zeros((1, *input_shape)))
+        return True
+    except RuntimeError:
+        return False
+    finally:
+        m.train(was)
 
 
 def _hf(path: pathlib.Path, classes: int, name: str) -> BuiltModel:

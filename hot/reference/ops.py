@@ -82,11 +82,15 @@ def _int_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     On CPU: the integer GEMM (torch._int_mm, int32 sums) over chunks of K short enough that no
     int32 sum can overflow, chunk sums added in int64: exact by construction, 1.1-4x faster than
     the float path on the demo's shapes. Elsewhere a float32 GEMM, exact when every partial sum
-    is an integer below 2^24, i.e. when the contraction length times max|a| max|b| is; longer
-    contractions (HLA's INT8 g_W GEMM) are cut into chunks that each meet the bound and the chunk
-    results summed in float64 (exact below 2^53)."""
+    is an integer below 2^24, i.e. when the contraction length times max|a| max|b| is. Longer
+    contractions (HLA's INT8 g_W GEMM): on CUDA one float64 GEMM; elsewhere chunks that each
+    meet the bound, the chunk results summed in float64 (exact below 2^53)."""
     if a.device.type == "cpu" and hasattr(torch, "_int_mm"):
         return _int_product_i32(a, b)
+    if a.device.type == "cuda" and a.shape[1] * 128 * 128 >= _F32_EXACT:
+        # A float64 GEMM is exact for any contraction below 2^53 / 128^2 and needs no host
+        # read of the codes' range (the chunked float32 path syncs twice per GEMM).
+        return _int_product_f64(a, b)
     return _int_product_f32(a, b)
 
 
@@ -98,6 +102,10 @@ def _int_product_i32(a: torch.Tensor, b: torch.Tensor, chunk: int = _I32_CHUNK) 
     for k0 in range(0, a.shape[1], chunk):
         acc += torch._int_mm(a[:, k0:k0 + chunk], bt[k0:k0 + chunk])
     return acc.to(torch.float32)
+
+
+def _int_product_f64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.to(torch.float64) @ b.to(torch.float64).t()).to(torch.float32)
 
 
 def _int_product_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

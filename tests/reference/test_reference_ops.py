@@ -132,6 +132,7 @@ def test_int_gemm_nt_is_exact_on_integer_codes(k):
 _PRODUCTS = {"float32 chunks": ref._int_product_f32,
              # int32 chunks of 1000 here: the real chunk (131071) would need huge test operands
              "int32 chunks": lambda a, b: ref._int_product_i32(a, b, chunk=1000),
+             "float64 (CUDA's long contractions)": ref._int_product_f64,
              "dispatch": ref._int_product}
 
 
