@@ -281,6 +281,9 @@ def quantize(
         return round_to_levels(v, bits, False, seed), scale
     m = qmax(bits)
     v.add_(uniform(seed, tuple(x.shape), device=x.device)).floor_().clamp_(-m, m)
-    if not bool(torch.isfinite(scale).all()):
-        v.nan_to_num_(0.0)  # codes of non-finite groups are stored as 0; the scale carries NaN/Inf
+    # Codes of non-finite groups are stored as 0; the scale carries NaN/Inf. (Where the scale is
+    # finite v is already finite, so on a GPU the pass runs unconditionally rather than read the
+    # scale on the host.)
+    if x.device.type != "cpu" or not bool(torch.isfinite(scale).all()):
+        v.nan_to_num_(0.0)
     return v.to(torch.int8), scale

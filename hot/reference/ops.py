@@ -56,7 +56,7 @@ def luq_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
     up = torch.where(v < 1, u < v, u < (v - lo) / lo)
     code = torch.where(v < 1, up.to(v.dtype), torch.where(up, 2 * lo, lo)).clamp_(max=top)
     q = (code * torch.sign(t).to(v.dtype)).to(torch.int8)
-    if not bool(torch.isfinite(amax).all()):
+    if t.device.type != "cpu" or not bool(torch.isfinite(amax).all()):  # no host read on GPUs
         q = torch.where(torch.isfinite(v), q, torch.zeros_like(q))
     return Quantized(q, scale)
 
@@ -83,13 +83,17 @@ def _int_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     int32 sum can overflow, chunk sums added in int64: exact by construction, 1.1-4x faster than
     the float path on the demo's shapes. Elsewhere a float32 GEMM, exact when every partial sum
     is an integer below 2^24, i.e. when the contraction length times max|a| max|b| is. Longer
-    contractions (HLA's INT8 g_W GEMM): on CUDA one float64 GEMM; elsewhere chunks that each
-    meet the bound, the chunk results summed in float64 (exact below 2^53)."""
+    contractions (HLA's INT8 g_W GEMM): on CUDA one float64 GEMM (no host reads: CUDA graphs
+    and busy GPUs); elsewhere chunks that each meet the bound, the chunk results summed in
+    float64 (exact below 2^53)."""
     if a.device.type == "cpu" and hasattr(torch, "_int_mm"):
         return _int_product_i32(a, b)
-    if a.device.type == "cuda" and a.shape[1] * 128 * 128 >= _F32_EXACT:
-        # A float64 GEMM is exact for any contraction below 2^53 / 128^2 and needs no host
-        # read of the codes' range (the chunked float32 path syncs twice per GEMM).
+    if a.device.type == "cuda":
+        # No host read of the codes' range (the chunked path syncs twice per GEMM): int8 codes
+        # are at most 128 in magnitude, so a float32 GEMM is exact up to 1023 terms, and a
+        # float64 one for any contraction below 2^53 / 128^2.
+        if a.shape[1] * 128 * 128 < _F32_EXACT:
+            return a.to(torch.float32) @ b.to(torch.float32).t()
         return _int_product_f64(a, b)
     return _int_product_f32(a, b)
 
