@@ -132,11 +132,12 @@ save_file({k: v.float() if v.is_floating_point() else v for k, v in sd.items()},
   python3 -m hot.bench.study run --out "$OUT/$sd" --data-root "${STUDY_DATA:-.data/fmnist}" \
     --settings "${STUDY_SETTINGS:-fp32,bf16,paper,rank16,rank4,warmup1}" --seeds "${STUDY_SEEDS:-0,1,2}" \
     --workers "${STUDY_WORKERS:-9}" --time-limit "${STUDY_LIMIT:-480}" ${STUDY_ARGS:-} > "$OUT/$sd.log" 2>&1
-  # Finished cells need no checkpoint; the cells come back as one archive (the device tool
-  # returns few files and shallow trees), unfinished ones with their checkpoints to resume.
-  for m in $(find "$OUT/$sd" -name metrics.json); do rm -f "$(dirname "$m")/checkpoint.pt"; done
+  # The cells' records come back as one archive (the device tool returns few files and shallow
+  # trees); checkpoints and weights stay behind (16 MiB per file), so an unfinished cell
+  # starts again on the next run.
   cp "$OUT/$sd/study.md" "$OUT/$sd.md"; cp "$OUT/$sd/study.json" "$OUT/$sd.json"
-  tar czf "$OUT/${sd}_cells.tgz" -C "$OUT/$sd" . && rm -rf "$OUT/$sd"
+  tar czf "$OUT/${sd}_cells.tgz" -C "$OUT/$sd" --exclude=checkpoint.pt --exclude=model.pt \
+    --exclude='*.png' . && rm -rf "$OUT/$sd"
   tail -30 "$OUT/$sd.log"
 esac
 # The short table, last.

@@ -72,7 +72,9 @@ TASKS = {t.name: t for t in (
     # LoRA (rank 8) on MiniLM: which layers run HOT is the setting (lora_adapters, lora_both).
     Task("minilm-rt-lora", ("--model", "minilm", "--dataset", "rotten-tomatoes", "--lora-r", "8",
                             "--lr", "5e-4"), "test_acc", 2),
-    Task("lm", ("--model", "llama-tiny", "--dataset", "rotten-tomatoes-lm"), "val_ppl", 2),
+    # 10,202 training snippets in batches of 128: 80 steps per epoch.
+    Task("lm", ("--model", "llama-tiny", "--dataset", "rotten-tomatoes-lm"), "val_ppl", 2,
+         steps_per_epoch=80),
     # A few seconds on a CPU: the harness's own test.
     Task("smoke", ("--model", "tiny-vit", "--dataset", "mnist-5k", "--train-size", "256",
                    "--test-size", "128", "--vit-dim", "32", "--vit-depth", "1"), "test_acc", 1,
@@ -113,6 +115,8 @@ SETTINGS = {s.name: s for s in (
             about="HLA rank 8 on the MLP layers only; attention layers at rank 16"),
     Setting("hla_attn", ("--method", "hot", "--hla-full-rank", "fc1,fc2"), rank=8,
             per_layer=True, about="HLA rank 8 on the attention layers only; MLP at rank 16"),
+    Setting("hq8_hla_mlp", ("--method", "hot", "--hq-bits", "8", "--hla-full-rank", "attn"),
+            rank=8, per_layer=True, about="hla_mlp with HQ at 8 bits"),
     Setting("hla_mlp_warmup1", ("--method", "hot", "--hla-full-rank", "attn"), rank=8,
             per_layer=True, warmup_epochs=1,
             about="hla_mlp after one epoch of exact backward"),
@@ -204,7 +208,8 @@ class Cell:
         if self.setting.cooldown_epochs:
             start = max(0, self.epochs - self.setting.cooldown_epochs) * self.task.steps_per_epoch
             cmd += ["--exact-from", str(start)]
-        if data_root and "fashion-mnist" in self.task.flags:
+        if data_root and ("fashion-mnist" in self.task.flags
+                          or "rotten-tomatoes-lm" in self.task.flags):
             cmd += ["--data-root", data_root]
         if (self.out / "checkpoint.pt").is_file():  # an interrupted cell goes on where it was
             cmd += ["--resume", str(self.out / "checkpoint.pt")]
@@ -380,7 +385,9 @@ def main(argv=None) -> int:
     r.add_argument("--seeds", default="0,1,2")
     r.add_argument("--workers", type=int, default=4, help="cells run at once")
     r.add_argument("--device", default="cuda")
-    r.add_argument("--data-root", default=None, help="Fashion-MNIST IDX files (hot train's)")
+    r.add_argument("--data-root", default=None,
+                   help="hot train's --data-root for the Fashion-MNIST tasks (the IDX files) and "
+                        "the LM task (hot.data.lm.export_lm_files); one folder may hold both")
     r.add_argument("--epochs", type=int, default=None, help="override the task's epochs")
     r.add_argument("--train-size", type=int, default=None, help="fewer training examples")
     r.add_argument("--time-limit", type=float, default=None,

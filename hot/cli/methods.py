@@ -57,6 +57,16 @@ def full_rank(model: nn.Module, patterns: tuple, config, backend) -> list[str]:
     return chosen
 
 
+def rank_share(layers) -> Optional[float]:
+    """HLA's g_W saving on these layers as a share of the paper's (rank 8 everywhere): the sum of
+    (1 - r / 16) * weight size over (1/2) * weight size, i.e. per token of g_W multiply-adds
+    where every layer sees the same tokens (a transformer's linear layers)."""
+    sizes = [(m.hot_config.hla.rank, m.weight.numel()) for _, m in layers
+             if m.hot_config.method == "hot"]
+    total = sum(n for _, n in sizes)
+    return sum((1 - r / 16) * n for r, n in sizes) / (0.5 * total) if total else None
+
+
 METHODS: dict[str, Method] = {}
 
 

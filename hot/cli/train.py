@@ -18,7 +18,7 @@ from . import argtypes as T
 from . import plots
 from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
                      fmt_bytes, hot_config, render_table)
-from .methods import METHODS
+from .methods import METHODS, rank_share
 from .modelargs import check_fits, check_tiny_vit
 from .outputs import add_overwrite_flag, claim, write_text
 from .trainer import (LORA_HOT, RunSpec, checkpoint_complete, epoch_checkpoint, read_checkpoint,
@@ -83,16 +83,6 @@ def add_parser(sub) -> None:
                         "INT8 quantization kept (default: none)")
     add_json_flag(p)
     p.set_defaults(func=run)
-
-
-def rank_share(layers) -> Optional[float]:
-    """HLA's g_W saving on these layers as a share of the paper's (rank 8 everywhere): the sum of
-    (1 - r / 16) * weight size over (1/2) * weight size, i.e. per token of g_W multiply-adds
-    where every layer sees the same tokens (a transformer's linear layers)."""
-    sizes = [(m.hot_config.hla.rank, m.weight.numel()) for _, m in layers
-             if m.hot_config.method == "hot"]
-    total = sum(n for _, n in sizes)
-    return sum((1 - r / 16) * n for r, n in sizes) / (0.5 * total) if total else None
 
 
 def run(args) -> int:
