@@ -35,6 +35,7 @@ from ..models.registry import build_lm, is_lm_spec
 from .common import (CLIError, device_from, emit, fmt_bytes, hot_config, log, progress,
                      render_table)
 from .methods import METHODS, full_rank, rank_share
+from .outputs import claim
 from .trainer import backend_summary
 
 
@@ -270,9 +271,11 @@ def run_lm(args) -> int:
                   backend=args.backend, train_size=args.train_size, val_size=args.test_size,
                   max_steps=args.max_steps, hla_full_rank=args.hla_full_rank)
     device = device_from(args.device)
-    data = load_dataset(args.dataset, args.data_root)
     out = pathlib.Path(args.out or pathlib.Path("runs") /
                        f"{args.model}-{args.dataset}-{args.method}")
+    # Stop before any work where the run would replace an earlier run's results.
+    claim(out, ["metrics.json", "metrics.csv", "model.pt"], args.overwrite)
+    data = load_dataset(args.dataset, args.data_root)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     r = train_lm(spec, device, data, label=args.method, keep_model=True)

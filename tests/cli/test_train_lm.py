@@ -74,6 +74,16 @@ def test_cli_trains_a_language_model(run_cli, tmp_path):
     assert d["spec"]["seq"] == 32 and d["spec"]["hot_config"]["hq"]["bits"] == 4
     assert {p.name for p in out.iterdir()} == {"metrics.json", "metrics.csv", "model.pt"}
     assert json.loads((out / "metrics.json").read_text())["val_ppl"] == d["val_ppl"]
+    # A second run into the same folder stops before training and leaves the results as they are.
+    before = (out / "metrics.json").read_bytes()
+    rc, d2 = run_cli("train", "--model", "llama-tiny", "--dataset", "rotten-tomatoes-lm",
+                     "--train-size", 32, "--test-size", 16, "--max-steps", 1, "--out", out)
+    assert rc == 2 and "already holds" in d2["error"] and "--overwrite" in d2["error"]
+    assert (out / "metrics.json").read_bytes() == before
+    rc, d3 = run_cli("train", "--model", "llama-tiny", "--dataset", "rotten-tomatoes-lm",
+                     "--train-size", 32, "--test-size", 16, "--batch-size", 16, "--max-len", 32,
+                     "--max-steps", 1, "--out", out, "--overwrite")
+    assert rc == 0 and d3["steps"] == 1
 
 
 @pytest.mark.parametrize("args, words", [

@@ -20,6 +20,17 @@ def test_hla_kept():
     assert study.hla_kept(s["rank4"], 100, 0) == 1.5
     assert study.hla_kept(s["warmup1"], 100, 25) == 0.75
     assert study.hla_kept(s["fp32"], 100, 0) is None
+    # per-layer ranks: the run's own share (hot train's hla_rank_share), times its HOT steps
+    assert s["hla_mlp"].per_layer and not s["paper"].per_layer
+    assert study.hla_kept(s["hla_mlp"], 100, 0, 0.5) == 0.5
+    assert study.hla_kept(s["hla_mlp_warmup1"], 100, 20, 0.5) == 0.4
+
+
+def test_data_root_reaches_the_tasks_that_read_it(tmp_path):
+    cmd = {t: study.Cell(study.TASKS[t], study.SETTINGS["paper"], 0, tmp_path, 1)
+           .command("cpu", "/data") for t in ("tinyvit-fmnist", "lm", "minilm-rt")}
+    assert "--data-root" in cmd["tinyvit-fmnist"] and "--data-root" in cmd["lm"]
+    assert "--data-root" not in cmd["minilm-rt"]  # the Rotten Tomatoes wheel
 
 
 def test_schedules_reach_hot_train(tmp_path):
