@@ -7,6 +7,7 @@ and an interrupted one resumes from its checkpoint.
                                   [--seeds 0,1,2] [--workers 8] [--data-root D] [--device cuda]
                                   [--epochs N] [--train-size N] [--time-limit S]
     python -m hot.bench.study table --out DIR      # table of what has finished, JSON and markdown
+    python -m hot.bench.study merge A.json B.json [--md T.md] [--png P.png]  # several runs
 
 The metric of a task is its last epoch's test accuracy (classification) or validation
 perplexity (the language-model task). Each setting is compared with FP32 by the gap paired by
@@ -361,6 +362,97 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def pair(rows: list[dict]) -> list[dict]:
+    """Rows of several study.json files as one table: a later row of the same (task, setting)
+    replaces an earlier one, and a row without a gap gets it from the FP32 row of its task,
+    paired by seed (FP32's cells give the same results in every run: they are deterministic)."""
+    by_key = {}
+    for r in rows:
+        by_key[(r["task"], r["setting"])] = dict(r)
+    out = list(by_key.values())
+    for r in out:
+        ref = by_key.get((r["task"], "fp32"))
+        if "gap" in r or ref is None or r["setting"] == "fp32":
+            continue
+        fp = dict(zip(ref["seeds"], ref["values"]))
+        mine = dict(zip(r["seeds"], r["values"]))
+        common = [k for k in mine if k in fp]
+        if not common:
+            continue
+        if r["metric"] == "val_ppl":
+            d = [100 * (mine[k] / fp[k] - 1) for k in common]
+        else:
+            d = [mine[k] - fp[k] for k in common]
+        g, gsd = _mean_sd(d)
+        r.update(gap=g, gap_se=gsd / math.sqrt(len(d)) if len(d) > 1 else float("nan"),
+                 paired_seeds=len(d))
+    order = {t: i for i, t in enumerate(TASKS)}
+    out.sort(key=lambda r: (order.get(r["task"], len(order)), r["setting"] != "fp32"))
+    return out
+
+
+def plot(rows: list[dict], path: pathlib.Path) -> bool:
+    """Accuracy against savings: per task, each setting's gap to FP32 (± se) against the share
+    of HLA's saving it keeps, with the quality target's corner (gap within 0.3 points or 1%
+    perplexity, at least half the saving). False where matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    tasks = [t for t in dict.fromkeys(r["task"] for r in rows)
+             if any("gap" in r and r.get("hla_kept") is not None for r in rows if r["task"] == t)]
+    if not tasks:
+        return False
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4.2), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        pts = [r for r in rows if r["task"] == t and "gap" in r and r.get("hla_kept") is not None]
+        ppl = pts[0]["metric"] == "val_ppl"
+        floor = -3.0  # accuracy gaps below this are drawn on the edge, their value in the label
+        for r in pts:
+            se = r["gap_se"] if math.isfinite(r["gap_se"]) else 0.0
+            y, label = r["gap"], r["setting"]
+            if not ppl and y < floor:
+                y, label, se = floor, f"{label} ({r['gap']:.1f})", 0.0
+            ax.errorbar(r["hla_kept"], y, yerr=se, fmt="v" if label != r["setting"] else "o",
+                        ms=4, capsize=3)
+            ax.annotate(label, (r["hla_kept"], y), fontsize=7, xytext=(4, 2),
+                        textcoords="offset points")
+        if not ppl:
+            ax.set_ylim(floor - 0.2, 0.5)
+        target = 1.0 if ppl else -0.3
+        ax.axhline(target, color="grey", ls="--", lw=0.8)
+        ax.axvline(0.5, color="grey", ls=":", lw=0.8)
+        ax.axhline(0.0, color="black", lw=0.5)
+        ax.set_xlabel("share of the paper setting's HLA g_W saving kept")
+        ax.set_ylabel("perplexity vs FP32 (%)" if ppl else "accuracy gap to FP32 (points)")
+        ax.set_title(t)
+        if ppl:
+            ax.set_yscale("symlog", linthresh=2.0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def merge(args) -> int:
+    rows = []
+    for f in args.json:
+        rows += json.loads(pathlib.Path(f).read_text())
+    rows = pair(rows)
+    if args.tasks:
+        keep = {t.strip() for t in args.tasks.split(",")}
+        rows = [r for r in rows if r["task"] in keep]
+    md = markdown(rows)
+    if args.md:
+        pathlib.Path(args.md).write_text(md + "\n")
+    if args.png and not plot(rows, pathlib.Path(args.png)):
+        print("no plot: matplotlib is missing or no row has a gap and a saving", file=sys.stderr)
+    print(md)
+    return 0
+
+
 def table(args) -> int:
     root = pathlib.Path(args.out)
     rows = collect(root)
@@ -394,9 +486,15 @@ def main(argv=None) -> int:
                    help="seconds; cells still running then stop and resume on the next run")
     t = sub.add_parser("table", help="the table of the finished cells (study.json, study.md)")
     t.add_argument("--out", required=True)
+    m = sub.add_parser("merge", help="study.json files of several runs as one table (gaps "
+                       "paired with the FP32 rows), and the accuracy-versus-savings plot")
+    m.add_argument("json", nargs="+")
+    m.add_argument("--tasks", default=None, help="only these tasks (comma-separated)")
+    m.add_argument("--md", default=None, help="write the markdown table here")
+    m.add_argument("--png", default=None, help="write the plot here")
     a = p.parse_args(argv)
     try:
-        return run(a) if a.cmd == "run" else table(a)
+        return run(a) if a.cmd == "run" else table(a) if a.cmd == "table" else merge(a)
     except StudyError as e:
         print(f"hot.bench.study: {e}", file=sys.stderr)
         return 2

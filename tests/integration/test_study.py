@@ -73,3 +73,25 @@ def test_bad_arguments(tmp_path, capsys):
     assert study.main(["run", "--out", str(tmp_path), "--tasks", "minilm-rt",
                        "--settings", "warmup1"]) == 2
     assert not any(tmp_path.iterdir())
+
+
+def test_merge_pairs_rows_of_several_runs_with_fp32_by_seed(tmp_path, capsys):
+    def row(setting, values, **kw):
+        return {"task": "tinyvit-fmnist", "setting": setting, "about": "", "metric": "test_acc",
+                "seeds": [0, 1, 2], "values": values, "mean": sum(values) / 3, "sd": 0.0,
+                "hla_kept": kw.get("kept"), "ms_per_step": None, "peak_MiB": None}
+    a = [row("fp32", [88.0, 87.0, 86.0]), row("paper", [80.0, 80.0, 80.0], kept=1.0)]
+    b = [row("paper", [87.0, 86.0, 86.0], kept=1.0), row("hla_mlp", [87.5, 86.0, 85.0], kept=0.5)]
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    rows = {r["setting"]: r for r in study.pair(a + b)}
+    # b's paper row replaces a's; gaps paired by seed: (-1, -1, 0) and (-0.5, -1, -1)
+    assert rows["paper"]["gap"] == pytest.approx(-2 / 3)
+    assert rows["paper"]["gap_se"] == pytest.approx(math.sqrt(1 / 3) / math.sqrt(3))
+    assert rows["hla_mlp"]["gap"] == pytest.approx(-2.5 / 3)
+    assert "gap" not in rows["fp32"]
+    png = tmp_path / "p.png"
+    pytest.importorskip("matplotlib")
+    assert study.main(["merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                       "--png", str(png), "--md", str(tmp_path / "t.md")]) == 0
+    assert png.stat().st_size > 1000 and "hla_mlp" in (tmp_path / "t.md").read_text()
