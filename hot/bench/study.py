@@ -55,6 +55,7 @@ class Setting:
     cooldown_epochs: int = 0    # epochs of exact backward after HOT (--exact-from)
     int8_epochs: int = 0        # epochs with g_x at 8 bits after the warm-up (--int8-steps)
     per_layer: bool = False     # ranks differ by layer: HLA kept from the run's hla_rank_share
+    warmup_share: float = 0.0   # this share of the run's steps exact first (--exact-steps)
     about: str = ""
 
 
@@ -69,7 +70,9 @@ TASKS = {t.name: t for t in (
          5, steps_per_epoch=469),
     Task("efficientformer-fmnist", ("--model", "efficientformer_l1", "--dataset", "fashion-mnist",
                                     "--image-size", "224"), "test_acc", 5, steps_per_epoch=469),
-    Task("minilm-rt", ("--model", "minilm", "--dataset", "rotten-tomatoes"), "test_acc", 2),
+    # 10,202 training snippets in batches of 128: 80 steps per epoch.
+    Task("minilm-rt", ("--model", "minilm", "--dataset", "rotten-tomatoes"), "test_acc", 2,
+         steps_per_epoch=80),
     # LoRA (rank 8) on MiniLM: which layers run HOT is the setting (lora_adapters, lora_both).
     Task("minilm-rt-lora", ("--model", "minilm", "--dataset", "rotten-tomatoes", "--lora-r", "8",
                             "--lr", "5e-4"), "test_acc", 2),
@@ -116,6 +119,8 @@ SETTINGS = {s.name: s for s in (
             about="HLA rank 8 on the MLP layers only; attention layers at rank 16"),
     Setting("hla_attn", ("--method", "hot", "--hla-full-rank", "fc1,fc2"), rank=8,
             per_layer=True, about="HLA rank 8 on the attention layers only; MLP at rank 16"),
+    Setting("recommended", ("--method", "hot"), rank=8, warmup_share=0.4,
+            about="HOTConfig.recommended(exact_steps=0.4 of the run's steps)"),
     Setting("hq8_hla_mlp", ("--method", "hot", "--hq-bits", "8", "--hla-full-rank", "attn"),
             rank=8, per_layer=True, about="hla_mlp with HQ at 8 bits"),
     Setting("hla_mlp_warmup1", ("--method", "hot", "--hla-full-rank", "attn"), rank=8,
@@ -198,12 +203,18 @@ class Cell:
     def done(self) -> bool:
         return (self.out / "metrics.json").is_file()
 
+    def exact_first(self) -> int:
+        """Exact warm-up steps: whole epochs, or a share of the run (rounded)."""
+        if self.setting.warmup_share:
+            return round(self.setting.warmup_share * self.epochs * self.task.steps_per_epoch)
+        return self.setting.warmup_epochs * (self.task.steps_per_epoch or 0)
+
     def command(self, device: str, data_root: Optional[str]) -> list[str]:
         cmd = [sys.executable, "-m", "hot.cli.main", "train", *self.task.flags,
                *self.setting.flags, "--epochs", str(self.epochs), "--seed", str(self.seed),
                "--device", device, "--out", str(self.out), "--no-plot", *self.extra]
-        if self.setting.warmup_epochs:
-            cmd += ["--exact-steps", str(self.setting.warmup_epochs * self.task.steps_per_epoch)]
+        if self.setting.warmup_epochs or self.setting.warmup_share:
+            cmd += ["--exact-steps", str(self.exact_first())]
         if self.setting.int8_epochs:
             cmd += ["--int8-steps", str(self.setting.int8_epochs * self.task.steps_per_epoch)]
         if self.setting.cooldown_epochs:
@@ -218,7 +229,7 @@ class Cell:
 
 
 def _counts_epochs(s: Setting) -> bool:
-    return bool(s.warmup_epochs or s.cooldown_epochs or s.int8_epochs)
+    return bool(s.warmup_epochs or s.cooldown_epochs or s.int8_epochs or s.warmup_share)
 
 
 def _run_cell(cell: Cell, device: str, data_root: Optional[str], threads: int,
@@ -335,7 +346,9 @@ def collect(root: pathlib.Path, tasks: Optional[list[Task]] = None) -> list[dict
                 row.update(gap=g, gap_se=gsd / math.sqrt(len(paired)) if len(paired) > 1
                            else float("nan"), paired_seeds=len(paired))
             one = next(iter(by_seed.values()))
-            exact = (s.warmup_epochs + s.cooldown_epochs) * (task.steps_per_epoch or 0)
+            steps_run = one.get("steps") or 0
+            exact = (round(s.warmup_share * steps_run) if s.warmup_share else
+                     (s.warmup_epochs + s.cooldown_epochs) * (task.steps_per_epoch or 0))
             row["hla_kept"] = hla_kept(s, one.get("steps") or 0, exact,
                                        one.get("hla_rank_share") if s.per_layer else None)
             t = [m["time_per_step_s"] for m in by_seed.values() if m.get("time_per_step_s")]

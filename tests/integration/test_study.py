@@ -95,3 +95,13 @@ def test_merge_pairs_rows_of_several_runs_with_fp32_by_seed(tmp_path, capsys):
     assert study.main(["merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
                        "--png", str(png), "--md", str(tmp_path / "t.md")]) == 0
     assert png.stat().st_size > 1000 and "hla_mlp" in (tmp_path / "t.md").read_text()
+
+
+def test_recommended_setting_warms_up_for_40_percent_of_the_run(tmp_path):
+    def exact(task, epochs):
+        cmd = study.Cell(study.TASKS[task], study.SETTINGS["recommended"], 0, tmp_path,
+                         epochs).command("cpu", None)
+        return int(cmd[cmd.index("--exact-steps") + 1])
+    assert exact("tinyvit-fmnist", 5) == 938  # 0.4 * 5 * 469: the warmup2 setting's steps
+    assert exact("lm", 2) == 64 and exact("minilm-rt", 2) == 64
+    assert study.hla_kept(study.SETTINGS["recommended"], 160, 64) == pytest.approx(0.6)
