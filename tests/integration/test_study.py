@@ -70,7 +70,7 @@ def test_bad_arguments(tmp_path, capsys):
     assert study.main(["run", "--out", str(tmp_path), "--settings", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
     assert study.main(["run", "--out", str(tmp_path), "--seeds", "0,0"]) == 2
-    assert study.main(["run", "--out", str(tmp_path), "--tasks", "minilm-rt",
+    assert study.main(["run", "--out", str(tmp_path), "--tasks", "minilm-rt-lora",
                        "--settings", "warmup1"]) == 2
     assert not any(tmp_path.iterdir())
 
