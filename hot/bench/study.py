@@ -115,15 +115,17 @@ SETTINGS = {s.name: s for s in (
             about="HLA rank 1 (the paper's Table 2)"),
     # HLA off (rank 16, quantization kept) on some layers: the share kept is the run's own
     # (metrics.json hla_rank_share), from the layers' weight sizes.
-    Setting("hla_mlp", ("--method", "hot", "--hla-full-rank", "attn"), rank=8, per_layer=True,
+    Setting("hla_mlp", ("--method", "hot", "--hla-full-rank", "attn,attention"), rank=8,
+            per_layer=True,
             about="HLA rank 8 on the MLP layers only; attention layers at rank 16"),
     Setting("hla_attn", ("--method", "hot", "--hla-full-rank", "fc1,fc2"), rank=8,
             per_layer=True, about="HLA rank 8 on the attention layers only; MLP at rank 16"),
     Setting("recommended", ("--method", "hot"), rank=8, warmup_share=0.4,
             about="HOTConfig.recommended(exact_steps=0.4 of the run's steps)"),
-    Setting("hq8_hla_mlp", ("--method", "hot", "--hq-bits", "8", "--hla-full-rank", "attn"),
+    Setting("hq8_hla_mlp", ("--method", "hot", "--hq-bits", "8", "--hla-full-rank",
+                            "attn,attention"),
             rank=8, per_layer=True, about="hla_mlp with HQ at 8 bits"),
-    Setting("hla_mlp_warmup1", ("--method", "hot", "--hla-full-rank", "attn"), rank=8,
+    Setting("hla_mlp_warmup1", ("--method", "hot", "--hla-full-rank", "attn,attention"), rank=8,
             per_layer=True, warmup_epochs=1,
             about="hla_mlp after one epoch of exact backward"),
     # Which LoRA layers run HOT (the paper's Table 3; tasks with --lora-r).

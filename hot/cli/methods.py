@@ -41,16 +41,18 @@ def _hot(model: nn.Module, config, filt, backend):
 def full_rank(model: nn.Module, patterns: tuple, config, backend) -> list[str]:
     """Give the HOT layers whose name contains one of ``patterns`` HLA rank 16: their g_W keeps
     every Walsh coefficient (no low-rank projection; the INT8 quantization stays). Returns the
-    names of the layers changed; a pattern that names no HOT layer is an error."""
+    names of the layers changed; patterns that together name no HOT layer are an error."""
     if not patterns:
         return []
     names = [n for n, _ in hot.hot_layers(model)]
-    for p in patterns:
-        if not any(p in n for n in names):
-            raise ValueError(f"--hla-full-rank {p!r} names no HOT layer; HOT layers are named "
-                             f"like {names[0]!r}" if names else
-                             f"--hla-full-rank {p!r}: the model has no HOT layer.")
     chosen = [n for n in names if any(p in n for p in patterns)]
+    if not chosen:
+        # One list may serve several model families (attn for ViTs and Llama, attention for
+        # BERT): only a list that names no layer at all is an error.
+        given = ",".join(patterns)
+        raise ValueError(f"--hla-full-rank {given!r} names no HOT layer; HOT layers are named "
+                         f"like {names[0]!r}" if names else
+                         f"--hla-full-rank {given!r}: the model has no HOT layer.")
     keep = set(chosen)
     wide = config.replace(hla=dataclasses.replace(config.hla, rank=16))
     hot.convert(model, wide, filter=lambda fqn, _: fqn in keep, backend=backend)

@@ -32,10 +32,13 @@ def test_hla_full_rank_sets_rank_16_on_the_named_layers_only(run_cli, tmp_path):
     assert 0 < d["hla_rank_share"] < 1
 
 
-def test_hla_full_rank_refusals(run_text, tmp_path):
+def test_hla_full_rank_refusals(run_text, run_cli, tmp_path):
     rc, out, err = run_text("train", *TINY, "--hla-full-rank", "nosuchlayer", "--out",
                             tmp_path / "a")
     assert rc == 2 and "'nosuchlayer' names no HOT layer" in err
+    rc, d = run_cli("train", *TINY, "--hla-full-rank", "nosuchlayer,attn", "--out",
+                    tmp_path / "a2")
+    assert rc == 0 and d["hla_rank"]["blocks.0.attn.qkv"] == 16
     assert not (tmp_path / "a" / "metrics.json").exists()
     rc, out, err = run_text("train", *TINY, "--method", "int4", "--hla-full-rank", "attn",
                             "--out", tmp_path / "b")
