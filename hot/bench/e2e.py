@@ -188,7 +188,8 @@ class Workload:
         return self.batch * (self.seq if self.llm else 1)
 
 
-def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool) -> dict:
+def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
+             min_in_features: int = 0) -> dict:
     """Convert ``m`` for ``mode`` in place; returns facts for the record."""
     dev = torch.device(w.device)
     if mode.hot:
@@ -197,10 +198,13 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool) -> dict:
         cfg = hot.HOTConfig.exact() if mode.method == "hot_exact" else hot.HOTConfig(seed=0)
         if mode.recompute:
             cfg = cfg.replace(hla={"abc": "recompute"})
+        if min_in_features:
+            cfg = cfg.replace(min_in_features=min_in_features)
         backend = "reference" if mode.method == "hot_ref" or dev.type != "cuda" else "fast"
         filt = (lambda fqn, _: fqn != w.head) if exclude_head else None
         hot.convert(m, cfg, filter=filt, backend=backend)
-        return {"hot_backend": backend, "hot_layers": len(hot.hot_layers(m))}
+        return {"hot_backend": backend, "hot_layers": len(hot.hot_layers(m)),
+                "min_in_features": min_in_features}
     if mode.method in FLOAT8_RECIPES:
         try:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -222,7 +226,8 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool) -> dict:
 
 def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
               profile: bool = False, *, model: str = "vit-b", seq: Optional[int] = None,
-              device: str = "cuda", exclude_head: bool = False) -> dict:
+              device: str = "cuda", exclude_head: bool = False,
+              min_in_features: int = 0) -> dict:
     """Train ``warmup`` + ``steps`` steps of ``model`` in ``mode`` (see the module docstring);
     the record of the timed steps. Raises on failure (run_mode turns that into a record)."""
     md = parse_mode(mode)
@@ -239,7 +244,7 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
             st.enter_context(fc.patch(ban_recompute_materialized_backward=False))
         if md.compile == "reduce-overhead":
             st.enter_context(ic.patch(graph_partition=True))
-        return _step_time(md, w, warmup, steps, profile, exclude_head)
+        return _step_time(md, w, warmup, steps, profile, exclude_head, min_in_features)
 
 
 def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Workload:
@@ -259,13 +264,13 @@ def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Worklo
 
 
 def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
-               exclude_head: bool) -> dict:
+               exclude_head: bool, min_in_features: int = 0) -> dict:
     from ..common import quant
 
     dev = torch.device(w.device)
     cuda = dev.type == "cuda"
     m = w.build()
-    facts = _prepare(m, md, w, exclude_head)
+    facts = _prepare(m, md, w, exclude_head, min_in_features)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
     if md.compile:
         import torch._dynamo.utils as du
@@ -420,6 +425,7 @@ def _isolated(mode: str, batch: int, a, timeout: float) -> dict:
         cmd += ["--seq", str(a.seq)] if a.seq is not None else []
         cmd += ["--profile"] if a.profile else []
         cmd += ["--exclude-head"] if a.exclude_head else []
+        cmd += ["--min-in-features", str(a.min_in_features)] if a.min_in_features else []
         base = {"mode": mode, "model": a.model, "batch": batch}
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -457,6 +463,9 @@ def main(argv=None) -> int:
                    help="seconds a mode's process may run")
     p.add_argument("--exclude-head", action="store_true",
                    help="keep the output layer exact in the HOT modes too (float8 always does)")
+    p.add_argument("--min-in-features", type=int, default=0,
+                   help="HOTConfig(min_in_features=N) in the HOT modes: narrower layers run "
+                        "exactly (default 0: every layer runs HOT)")
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--profile", action="store_true",
                    help="also profile 2 steps: GPU busy time and the kernels that take most of it")
@@ -466,6 +475,8 @@ def main(argv=None) -> int:
             p.error(f"{flag} {v}: must be positive.")
     if a.warmup < 0:
         p.error(f"--warmup {a.warmup}: must be 0 or more.")
+    if a.min_in_features < 0:
+        p.error(f"--min-in-features {a.min_in_features}: must be 0 or more.")
     if a.json and os.path.exists(a.json):
         p.error(f"--json {a.json} exists: pass a new path (results are never overwritten).")
     batch = a.batch or DEFAULT_BATCH[a.model]
@@ -475,7 +486,7 @@ def main(argv=None) -> int:
         p.error(str(e))
     modes = (a.modes or DEFAULT_MODES["llama" if a.model.startswith("llama") else a.model])
     kw = dict(warmup=a.warmup, steps=a.steps, profile=a.profile, model=a.model, seq=a.seq,
-              device=a.device, exclude_head=a.exclude_head)
+              device=a.device, exclude_head=a.exclude_head, min_in_features=a.min_in_features)
     res = []
     for mode in [m for m in modes.split(",") if m]:
         if a.in_process:

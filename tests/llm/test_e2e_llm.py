@@ -39,6 +39,23 @@ def test_bf16_hot_and_hot_exact_steps_share_the_forward():
     assert rs["hot"]["hot_layers"] == layers and rs["hot"]["hot_backend"] == "reference"
     r = e2e.run_mode("hot", exclude_head=True, **TINY)
     assert r["hot_layers"] == layers - 1
+    assert rs["hot"]["min_in_features"] == 0
+
+
+def test_min_in_features_reaches_the_hot_layers(monkeypatch):
+    seen = []
+    real = e2e._prepare
+
+    def spy(m, *a, **kw):
+        out = real(m, *a, **kw)
+        import hot
+        seen.extend(l.hot_config.min_in_features for _, l in hot.hot_layers(m))
+        return out
+
+    monkeypatch.setattr(e2e, "_prepare", spy)
+    r = e2e.run_mode("hot", min_in_features=4096, **TINY)
+    assert "error" not in r, r.get("trace")
+    assert r["min_in_features"] == 4096 and seen and set(seen) == {4096}
 
 
 def test_float8_modes_convert_all_but_the_output_layer():
