@@ -117,6 +117,8 @@ def _check_capturable(layer, device: torch.device) -> None:
     calibration; or it runs the reference backend, whose quantizer reads values on the host."""
     if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
         return
+    if _narrow(layer):
+        return  # exact on every call: nothing the host decides per call, no LQS to calibrate
     cfg = layer.hot_config
     why = None
     if layer._backend_for(device) != "fast":
@@ -408,12 +410,16 @@ def _recompute(layer, x: torch.Tensor) -> bool:
     return kept_by_producer(x)
 
 
+def _narrow(layer) -> bool:
+    """Whether the layer is narrower than HOTConfig.min_in_features: exact on every call."""
+    narrow = layer.hot_config.min_in_features
+    return narrow > 0 and layer.hot_in_features() < narrow
+
+
 def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int):
     """(need_gx, need_gw, exact, seq, rank, bits, row, recompute): the constants of this call."""
     h = layer.hot_config.hla
-    narrow = layer.hot_config.min_in_features
-    exact = layer._hot_exact_phase or x.numel() == 0 \
-        or (narrow > 0 and layer.hot_in_features() < narrow)
+    exact = layer._hot_exact_phase or x.numel() == 0 or _narrow(layer)
     return (x.requires_grad, w.requires_grad, exact, seq, h.rank, h.bits or 0,
             h.scale == "channel", _recompute(layer, x))
 

@@ -359,3 +359,19 @@ def test_layers_narrower_than_min_in_features_run_exactly():
     assert rel(net[2].weight.grad, plain[2].weight.grad) < 1e-5  # exact
     assert rel(net[0].weight.grad, plain[0].weight.grad) > 1e-2  # quantized
     assert net[2].hot_step_value() == 1  # counted all the same
+
+
+def test_narrow_layers_are_capturable_before_lqs_decides(monkeypatch):
+    """A layer narrower than min_in_features runs exactly on every call, so a CUDA graph may
+    capture it while LQS is undecided; a HOT layer in that state may not (its decision would be
+    frozen into the graph). The capture state is faked: the check needs no GPU."""
+    from hot.nn import autograd
+
+    net = hot.convert(nn.Sequential(nn.Linear(32, 16), nn.Linear(16, 8)),
+                      hot.HOTConfig(min_in_features=32))
+    assert net[0].hot_lqs_value() < 0 and net[1].hot_lqs_value() < 0
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    cuda = torch.device("cuda")
+    autograd._check_capturable(net[1], cuda)  # 16 < 32: exact, nothing to decide
+    with pytest.raises(RuntimeError, match="'0' cannot be captured in a CUDA graph"):
+        autograd._check_capturable(net[0], cuda)
