@@ -303,6 +303,23 @@ def _mean_sd(v: list[float]) -> tuple[float, float]:
     return m, sd
 
 
+def _paired_gap(mine: dict, ref: dict, metric: str) -> dict:
+    """The gap to FP32 paired by seed, from seed -> value maps (the table's values): the mean
+    over the seeds both have of mine - ref, or for perplexity of the relative change in % (the
+    target is stated that way), its standard error and the seeds counted; {} without a common
+    seed."""
+    common = [k for k in mine if k in ref]
+    if not common:
+        return {}
+    if metric == "val_ppl":
+        d = [100 * (mine[k] / ref[k] - 1) for k in common]
+    else:
+        d = [mine[k] - ref[k] for k in common]
+    g, gsd = _mean_sd(d)
+    return dict(gap=g, gap_se=gsd / math.sqrt(len(d)) if len(d) > 1 else float("nan"),
+                paired_seeds=len(d))
+
+
 def hla_kept(setting: Setting, steps: int, exact_steps: int,
              rank_share: Optional[float] = None) -> Optional[float]:
     """Fraction of the paper setting's g_W multiply-add saving that ``setting`` keeps, when
@@ -328,30 +345,25 @@ def collect(root: pathlib.Path, tasks: Optional[list[Task]] = None) -> list[dict
                 runs.setdefault(s.name, {})[int(f.parent.name[4:])] = m
         if not runs:
             continue
-        ref = runs.get("fp32", {})
         scale = 100.0 if task.metric == "test_acc" else 1.0
+        shown = {name: {k: scale * m[task.metric] for k, m in by_seed.items()}
+                 for name, by_seed in runs.items()}
         for s in SETTINGS.values():
             if s.name not in runs:
                 continue
             by_seed = runs[s.name]
-            vals = [scale * m[task.metric] for m in by_seed.values()]
+            seeds = sorted(by_seed)
+            vals = [shown[s.name][k] for k in seeds]
             mean, sd = _mean_sd(vals)
             row = {"task": task.name, "setting": s.name, "about": s.about, "metric": task.metric,
-                   "seeds": sorted(by_seed), "values": vals, "mean": mean, "sd": sd}
-            paired = [scale * (by_seed[k][task.metric] - ref[k][task.metric])
-                      for k in by_seed if k in ref]
-            if task.metric == "val_ppl":  # relative, in %: the target is stated that way
-                paired = [100 * (by_seed[k]["val_ppl"] / ref[k]["val_ppl"] - 1)
-                          for k in by_seed if k in ref]
-            if paired and s.name != "fp32":
-                g, gsd = _mean_sd(paired)
-                row.update(gap=g, gap_se=gsd / math.sqrt(len(paired)) if len(paired) > 1
-                           else float("nan"), paired_seeds=len(paired))
+                   "seeds": seeds, "values": vals, "mean": mean, "sd": sd}
+            if s.name != "fp32":
+                row.update(_paired_gap(shown[s.name], shown.get("fp32", {}), task.metric))
             one = next(iter(by_seed.values()))
             steps_run = one.get("steps") or 0
             exact = (round(s.warmup_share * steps_run) if s.warmup_share else
                      (s.warmup_epochs + s.cooldown_epochs) * (task.steps_per_epoch or 0))
-            row["hla_kept"] = hla_kept(s, one.get("steps") or 0, exact,
+            row["hla_kept"] = hla_kept(s, steps_run, exact,
                                        one.get("hla_rank_share") if s.per_layer else None)
             t = [m["time_per_step_s"] for m in by_seed.values() if m.get("time_per_step_s")]
             row["ms_per_step"] = 1e3 * sorted(t)[len(t) // 2] if t else None
@@ -389,18 +401,8 @@ def pair(rows: list[dict]) -> list[dict]:
         ref = by_key.get((r["task"], "fp32"))
         if "gap" in r or ref is None or r["setting"] == "fp32":
             continue
-        fp = dict(zip(ref["seeds"], ref["values"]))
-        mine = dict(zip(r["seeds"], r["values"]))
-        common = [k for k in mine if k in fp]
-        if not common:
-            continue
-        if r["metric"] == "val_ppl":
-            d = [100 * (mine[k] / fp[k] - 1) for k in common]
-        else:
-            d = [mine[k] - fp[k] for k in common]
-        g, gsd = _mean_sd(d)
-        r.update(gap=g, gap_se=gsd / math.sqrt(len(d)) if len(d) > 1 else float("nan"),
-                 paired_seeds=len(d))
+        r.update(_paired_gap(dict(zip(r["seeds"], r["values"])),
+                             dict(zip(ref["seeds"], ref["values"])), r["metric"]))
     order = {t: i for i, t in enumerate(TASKS)}
     out.sort(key=lambda r: (order.get(r["task"], len(order)), r["setting"] != "fp32"))
     return out
@@ -409,16 +411,17 @@ def pair(rows: list[dict]) -> list[dict]:
 def plot(rows: list[dict], path: pathlib.Path) -> bool:
     """Accuracy against savings: per task, each setting's gap to FP32 (± se) against the share
     of HLA's saving it keeps, with the quality target's corner (gap within 0.3 points or 1%
-    perplexity, at least half the saving). False where matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+    perplexity, at least half the saving). False, after a note, where matplotlib is missing or
+    no row has both a gap and a saving."""
+    from ..cli.plots import _plt
+
     tasks = [t for t in dict.fromkeys(r["task"] for r in rows)
              if any("gap" in r and r.get("hla_kept") is not None for r in rows if r["task"] == t)]
     if not tasks:
+        print(f"note: {path} not drawn: no row has both a gap and a saving", file=sys.stderr)
+        return False
+    plt = _plt(path)
+    if plt is None:
         return False
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4.2), squeeze=False)
     for ax, t in zip(axes[0], tasks):
@@ -462,8 +465,8 @@ def merge(args) -> int:
     md = markdown(rows)
     if args.md:
         pathlib.Path(args.md).write_text(md + "\n")
-    if args.png and not plot(rows, pathlib.Path(args.png)):
-        print("no plot: matplotlib is missing or no row has a gap and a saving", file=sys.stderr)
+    if args.png:
+        plot(rows, pathlib.Path(args.png))  # says why where it draws nothing
     print(md)
     return 0
 

@@ -105,3 +105,22 @@ def test_recommended_setting_warms_up_for_40_percent_of_the_run(tmp_path):
     assert exact("tinyvit-fmnist", 5) == 938  # 0.4 * 5 * 469: the warmup2 setting's steps
     assert exact("lm", 2) == 64 and exact("minilm-rt", 2) == 64
     assert study.hla_kept(study.SETTINGS["recommended"], 160, 64) == pytest.approx(0.6)
+
+
+def test_table_values_follow_the_seeds_order_past_seed_9(tmp_path):
+    """Folders sort as text (seed10 before seed2); each row's values must stand in the order
+    of its seeds, which merge pairs by."""
+    acc = {("fp32", 2): 0.80, ("fp32", 10): 0.90, ("paper", 2): 0.70, ("paper", 10): 0.85}
+    for (setting, seed), a in acc.items():
+        d = tmp_path / "smoke" / setting / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "metrics.json").write_text(json.dumps({"test_acc": a, "steps": 2}))
+    rows = {r["setting"]: r for r in study.collect(tmp_path, [study.TASKS["smoke"]])}
+    assert rows["fp32"]["seeds"] == [2, 10]
+    assert rows["fp32"]["values"] == pytest.approx([80.0, 90.0])
+    assert rows["paper"]["values"] == pytest.approx([70.0, 85.0])
+    assert rows["paper"]["gap"] == pytest.approx(-7.5)  # (-10 - 5) / 2
+    # merge pairs a row without a gap (another run's) by the same seeds
+    bare = {k: v for k, v in rows["paper"].items() if k not in ("gap", "gap_se", "paired_seeds")}
+    merged = {r["setting"]: r for r in study.pair([rows["fp32"], bare])}
+    assert merged["paper"]["gap"] == pytest.approx(-7.5)
