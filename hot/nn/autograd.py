@@ -32,8 +32,9 @@ dynamo bakes it into the graph and no step recompiles. Everything that fixes the
 shapes is an explicit constant argument read from the layer while tracing (dynamo guards on
 each value): HLA rank / bits / scale, the blocking length ``seq``, which gradients are needed,
 and the phase ``exact`` (a bool that flips at most twice, so the end of ``exact_steps`` and the
-start of ``exact_from`` recompile once each, while the step counter never does). The operators check these constants against the layer's
-live state and raise on a stale graph instead of computing with the wrong plan.
+start of ``exact_from`` recompile once each, while the step counter never does). The operators
+check these constants against the layer's live state and raise on a stale graph instead of
+computing with the wrong plan.
 
 Operators that are not ATen builtins are never recomputed in backward by AOT autograd's
 partitioner, so each forward operator runs once per call (its ABC happens once, as in eager
@@ -62,7 +63,7 @@ from torch.autograd.function import once_differentiable
 from ..common import ops
 from .backward import abc_codes, hot_backward, kept_by_producer, no_autocast, patches, seq_pad
 from ..common.quant import StepSeed
-from .state import ABC_X, LayerPlan, make_plan, seed_base
+from .state import ABC_X, LayerPlan, is_narrow, make_plan, seed_base
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "float64": torch.float64}
@@ -117,7 +118,7 @@ def _check_capturable(layer, device: torch.device) -> None:
     calibration; or it runs the reference backend, whose quantizer reads values on the host."""
     if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
         return
-    if _narrow(layer):
+    if is_narrow(layer, layer.hot_config):
         return  # exact on every call: nothing the host decides per call, no LQS to calibrate
     cfg = layer.hot_config
     why = None
@@ -410,16 +411,10 @@ def _recompute(layer, x: torch.Tensor) -> bool:
     return kept_by_producer(x)
 
 
-def _narrow(layer) -> bool:
-    """Whether the layer is narrower than HOTConfig.min_in_features: exact on every call."""
-    narrow = layer.hot_config.min_in_features
-    return narrow > 0 and layer.hot_in_features() < narrow
-
-
 def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int):
     """(need_gx, need_gw, exact, seq, rank, bits, row, recompute): the constants of this call."""
     h = layer.hot_config.hla
-    exact = layer._hot_exact_phase or x.numel() == 0 or _narrow(layer)
+    exact = layer._hot_exact_phase or x.numel() == 0 or is_narrow(layer, layer.hot_config)
     return (x.requires_grad, w.requires_grad, exact, seq, h.rank, h.bits or 0,
             h.scale == "channel", _recompute(layer, x))
 

@@ -80,13 +80,17 @@ def layer_seed(layer, cfg: HOTConfig, operand: int, step: int) -> StepSeed:
     return StepSeed(seed_base(cfg, layer.hot_id, operand), layer.hot_step, step)
 
 
+def is_narrow(layer, cfg: HOTConfig) -> bool:
+    """Whether the layer is narrower than cfg.min_in_features: then exact on every call."""
+    return cfg.min_in_features > 0 and layer.hot_in_features() < cfg.min_in_features
+
+
 def make_plan(layer, cfg: HOTConfig, backend: str, seq: int, empty: bool = False) -> LayerPlan:
     """The plan of one forward call. An input without tokens (an empty batch, an expert that got
     none) runs exactly: its gradients are empty or zero, with nothing to quantize; so does a layer
     narrower than HOTConfig.min_in_features."""
     step = layer.hot_step_value()
-    exact = (cfg.exact_at(step) or empty
-             or (cfg.min_in_features > 0 and layer.hot_in_features() < cfg.min_in_features))
+    exact = cfg.exact_at(step) or empty or is_narrow(layer, cfg)
     seed_x = 0 if exact or not cfg.hla.bits or cfg.hla.rounding != "stochastic" \
         else layer_seed(layer, cfg, ABC_X, step)
     return LayerPlan(cfg, backend, exact, seq, seed_x)
