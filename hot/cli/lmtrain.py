@@ -34,7 +34,7 @@ from ..models.llama import LLAMA_PRESETS
 from ..models.registry import build_lm, is_lm_spec
 from .common import (CLIError, device_from, emit, fmt_bytes, hot_config, log, progress,
                      render_table)
-from .methods import METHODS, full_rank, rank_share
+from .methods import METHODS, full_rank, rank_record
 from .outputs import claim
 from .trainer import backend_summary
 
@@ -224,8 +224,7 @@ def train_lm(spec: LMSpec = LMSpec(), device="cpu", data: Optional[LMData] = Non
         if device.type == "cuda" else None,
         "params": sum(p.numel() for p in model.parameters()),
         "hot_layers": len(hot.hot_layers(model)), "hot_backend": backend_summary(model),
-        "hla_rank": {n: m.hot_config.hla.rank for n, m in hot.hot_layers(model)},
-        "hla_rank_share": rank_share(hot.hot_layers(model)),
+        **rank_record(hot.hot_layers(model)),
         "spec": spec.to_dict(), "train_sequences": len(train_b), "val_sequences": len(val_b),
         **({"model": model} if keep_model else {}),
     }

@@ -59,6 +59,12 @@ def full_rank(model: nn.Module, patterns: tuple, config, backend) -> list[str]:
     return chosen
 
 
+def rank_record(layers) -> dict:
+    """What metrics.json says of HLA's ranks: each HOT layer's rank and rank_share's figure."""
+    return {"hla_rank": {n: m.hot_config.hla.rank for n, m in layers},
+            "hla_rank_share": rank_share(layers)}
+
+
 def rank_share(layers) -> Optional[float]:
     """HLA's g_W saving on these layers as a share of the paper's (rank 8 everywhere): the sum of
     (1 - r / 16) * weight size over (1/2) * weight size, i.e. per token of g_W multiply-adds

@@ -18,7 +18,7 @@ from . import argtypes as T
 from . import plots
 from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
                      fmt_bytes, hot_config, render_table)
-from .methods import METHODS, rank_share
+from .methods import METHODS, rank_record
 from .modelargs import check_fits, check_tiny_vit
 from .outputs import add_overwrite_flag, claim, write_text
 from .trainer import (LORA_HOT, RunSpec, checkpoint_complete, epoch_checkpoint, read_checkpoint,
@@ -133,8 +133,7 @@ def run(args) -> int:
               "lr": lr, "lora_r": args.lora_r,
               "lora_hot": args.lora_hot if args.lora_r else None, "hot_config": cfg.to_dict(),
               "lqs": {n: int(m.hot_lqs) for n, m in layers},
-              "hla_rank": {n: m.hot_config.hla.rank for n, m in layers},
-              "hla_rank_share": rank_share(layers),
+              **rank_record(layers),
               "hot_steps": {n: int(m.hot_step) for n, m in layers}, "out": str(out),
               "wall_time_s": time.perf_counter() - t0,
               "plot": str(png) if not args.no_plot and plots.available() else None, **r}
