@@ -262,6 +262,14 @@ def round_to_levels(
     return q.to(torch.int8)
 
 
+def may_be_nonfinite(scale: torch.Tensor) -> bool:
+    """Whether codes quantized with ``scale`` must be cleared where they are not finite: where
+    some scale is NaN/Inf. Off the CPU always, without looking: codes of finite scales are
+    finite, so clearing changes nothing there, and reading the scale on the host would stall
+    the GPU queue (and cannot run inside a CUDA graph)."""
+    return scale.device.type != "cpu" or not bool(torch.isfinite(scale).all())
+
+
 def quantize(
     x: torch.Tensor, bits: int, mode: str, stochastic: bool, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,9 +289,6 @@ def quantize(
         return round_to_levels(v, bits, False, seed), scale
     m = qmax(bits)
     v.add_(uniform(seed, tuple(x.shape), device=x.device)).floor_().clamp_(-m, m)
-    # Codes of non-finite groups are stored as 0; the scale carries NaN/Inf. (Where the scale is
-    # finite v is already finite, so on a GPU the pass runs unconditionally rather than read the
-    # scale on the host.)
-    if x.device.type != "cpu" or not bool(torch.isfinite(scale).all()):
-        v.nan_to_num_(0.0)
+    if may_be_nonfinite(scale):
+        v.nan_to_num_(0.0)  # codes of non-finite groups are stored as 0; the scale carries NaN/Inf
     return v.to(torch.int8), scale

@@ -56,7 +56,7 @@ def luq_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
     up = torch.where(v < 1, u < v, u < (v - lo) / lo)
     code = torch.where(v < 1, up.to(v.dtype), torch.where(up, 2 * lo, lo)).clamp_(max=top)
     q = (code * torch.sign(t).to(v.dtype)).to(torch.int8)
-    if t.device.type != "cpu" or not bool(torch.isfinite(amax).all()):  # no host read on GPUs
+    if quant.may_be_nonfinite(amax):
         q = torch.where(torch.isfinite(v), q, torch.zeros_like(q))
     return Quantized(q, scale)
 
