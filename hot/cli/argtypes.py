@@ -116,7 +116,6 @@ def method_list(v: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-
 def name_list(v: str) -> tuple[str, ...]:
     """Comma-separated non-empty parts of layer names, each once."""
     names = tuple(dict.fromkeys(p.strip() for p in v.split(",") if p.strip()))

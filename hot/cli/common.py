@@ -127,12 +127,11 @@ def hot_config(args) -> hot.HOTConfig:
         if given:
             flag = "--" + given[0].replace("_", "-")
             raise CLIError(f"{flag} shapes HOT's quantizers; --method {method} is a baseline "
-                             f"with its own (HOTConfig.{method.replace('-', '_')}()) and takes only the "
-                             f"schedule flags: drop {flag}, or use --method hot.")
+                           f"with its own (HOTConfig.{method.replace('-', '_')}()) and takes only "
+                           f"the schedule flags: drop {flag}, or use --method hot.")
         preset = getattr(hot.HOTConfig, method.replace("-", "_"))
-        return preset().replace(exact_steps=args.exact_steps,
-                                            int8_steps=args.int8_steps,
-                                            exact_from=args.exact_from)
+        return preset().replace(exact_steps=args.exact_steps, int8_steps=args.int8_steps,
+                                exact_from=args.exact_from)
     return hot.HOTConfig(
         hq=hot.HQConfig(bits=args.hq_bits, gy_scale=args.gy_scale),
         hla=hot.HLAConfig(rank=args.hla_rank, selection=args.hla_selection,
