@@ -9,9 +9,10 @@ For a layer y = x W^T + b with tokens flattened to rows (x: L x I, g_y: L x O):
               g_b = sum over tokens of g_y                                      (exact)
 
 A frozen weight skips ABC and the g_W path; an input that needs no gradient skips the g_x path
-and does not keep W. During the layer's first ``exact_steps`` backward calls, and from call ``exact_from`` on,
-everything is exact (and x is kept). With ``HLAConfig.abc == "recompute"`` a layer keeps x and forms (q_x, s_x) in
-backward with the forward's seed: the same codes; "auto" does so where keeping x is free.
+and does not keep W. During the layer's first ``exact_steps`` backward calls, and from call
+``exact_from`` on, everything is exact (and x is kept). With ``HLAConfig.abc == "recompute"`` a
+layer keeps x and forms (q_x, s_x) in backward with the forward's seed: the same codes; "auto"
+does so where keeping x is free.
 """
 
 from __future__ import annotations
@@ -94,6 +95,14 @@ def hot_backward(layer, plan: LayerPlan, gy2d: torch.Tensor, w2d: Optional[torch
     return grads
 
 
+def _gx_args(cfg, bp) -> tuple[HQArgs, HQArgs]:
+    """The quantizer arguments of g_x's two operands, g_y and W^T: hq's bits of this call, the
+    g_y scale mode of this call (LQS's), hq's W scale and each operand's rounding and seed."""
+    return (HQArgs(bp.gx_bits, bp.gy_scale_mode, cfg.hq.gy_rounding == "stochastic", bp.seed_gy),
+            HQArgs(bp.gx_bits, scale_mode(cfg.hq.w_scale), cfg.hq.w_rounding == "stochastic",
+                   bp.seed_w))
+
+
 def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_dtype,
            need_gb) -> LayerGrads:
     if bp.exact:
@@ -107,9 +116,7 @@ def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_d
     if cfg.method != "hot":
         return _baseline_grads(plan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_dtype,
                                need_gb)
-    hq = HQArgs(bp.gx_bits, bp.gy_scale_mode, cfg.hq.gy_rounding == "stochastic", bp.seed_gy)
-    hq_w = HQArgs(bp.gx_bits, scale_mode(cfg.hq.w_scale), cfg.hq.w_rounding == "stochastic",
-                  bp.seed_w)
+    hq, hq_w = _gx_args(cfg, bp)
     hla = hla_args(plan, bp.seed_hla)
     gy_hla = seq_pad(gy2d, plan.seq) if need_gw else gy2d
     gx = gw = gb = None
@@ -167,9 +174,7 @@ def _baseline_grads(plan: LayerPlan, bp, gy2d, w2d, x2d, need_gx, need_gw, x_dty
     gy_quantize = ops.luq_quantize if cfg.method == "luq" else ops.plain_quantize
     gx = gw = None
     if need_gx:
-        hq = HQArgs(bp.gx_bits, bp.gy_scale_mode, cfg.hq.gy_rounding == "stochastic", bp.seed_gy)
-        hq_w = HQArgs(bp.gx_bits, scale_mode(cfg.hq.w_scale), cfg.hq.w_rounding == "stochastic",
-                      bp.seed_w)
+        hq, hq_w = _gx_args(cfg, bp)
         qg, qw = gy_quantize(gy2d, hq, ref), ops.plain_quantize(w2d.t(), hq_w, ref)
         gx = ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, ref)
     if need_gw:
