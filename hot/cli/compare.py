@@ -101,11 +101,11 @@ def run(args) -> int:
     if not rows:
         raise CLIError(f"no run finished under {root}" + (f"; first failure: {failed[0]}"
                                                            if failed else "."))
-    md = study.markdown([dict(r, setting=r["method"]) for r in rows]).replace("| setting |",
-                                                                             "| method |")
+    by_method = [dict(r, setting=r["method"]) for r in rows]
+    md = study.markdown(by_method).replace("| setting |", "| method |")
     write_text(root / "compare.json", json.dumps(rows, indent=1))
     write_text(root / "compare.md", md + "\n")
-    png = _bars([dict(r, setting=r["method"]) for r in rows], root / "compare.png",
+    png = _bars(by_method, root / "compare.png",
                 "test accuracy (%)" if task.metric == "test_acc" else "validation perplexity")
     text = md + (f"\n\nfailed runs (their logs are beside their folders):\n" + "\n".join(failed)
                  if failed else "") + f"\n\nresults in {root}/ (compare.json, compare.md" + \
