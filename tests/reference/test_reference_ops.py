@@ -193,3 +193,19 @@ def test_declared_shapes_match_every_implementation(bits, dtype):
     out = ops.int_gemm_nt(a, b, torch.ones(4, 1), torch.ones(1, 1), torch.float32, "reference")
     fake = ops.int_gemm_fake(a, b, torch.float32)
     assert out.shape == fake.shape and out.dtype == fake.dtype
+
+
+def test_gy_quantize_is_one_operation_on_a_backend_without_a_fused_pass(monkeypatch):
+    """ops.gy_quantize composes the two quantizers itself where a backend has no fused pass (the
+    reference): callers that watch the public operations (the GPU layer test compares the
+    operation sequences of two backends) see one gy_quantize, as on the fast backend."""
+    seen = []
+    for name in ("hq_quantize", "hla_quantize"):
+        orig = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _o=orig, _n=name: seen.append(_n) or _o(*a))
+    x = torch.randn(40, 24)
+    hq = HQArgs(4, ScaleMode.ROW, False, 0)
+    hla = HLAArgs(8, "lowpass", 8, ScaleMode.ROW, False, 0)
+    (q1, s1), (q2, s2) = ops.gy_quantize(x, hq, hla, ops.DEFAULT)
+    assert seen == []
+    assert torch.equal(q1, ref.hq_quantize(x, hq).q) and torch.equal(q2, ref.hla_quantize(x, hla).q)
