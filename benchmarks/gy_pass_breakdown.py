@@ -1,10 +1,12 @@
 """Break the g_y pass down on a GPU: the stats kernel alone, the quantize kernel alone, both, and
 the host time of one call, against the pass's floor.
 
-    python benchmarks/gy_pass_breakdown.py [--tiles 64,64,4 32,64,4 ...]
+    python benchmarks/gy_pass_breakdown.py [--tiles 64,64,4 32,64,4 ...] [--ablate]
 
 Floor = (one read of g_y in bf16 + the HQ codes + the HLA codes) / copy bandwidth, as in
 hot.bench.backward. --tiles times the two kernels on other quantizer tiles (ViT-B qkv g_y).
+--ablate times each kernel with one part (HQ or HLA) and with nearest instead of stochastic
+rounding: where the quantize kernel's time goes (the same bytes are read in every variant).
 """
 import argparse
 import sys
@@ -50,10 +52,27 @@ def tiles(specs):
                   flush=True)
 
 
+def ablate():
+    variants = {"both, stochastic": (HQ, HLA), "both, nearest": (HQ._replace(stochastic=False),
+                                                                   HLA._replace(stochastic=False)),
+                "HQ only, stochastic": (HQ, None), "HQ only, nearest":
+                (HQ._replace(stochastic=False), None), "HLA only, stochastic": (None, HLA),
+                "HLA only, nearest": (None, HLA._replace(stochastic=False))}
+    for r, c in SHAPES:
+        x = torch.randn(r, c, device="cuda", dtype=torch.bfloat16)
+        for name, (hq, hla) in variants.items():
+            st, qu = _parts(x, hq, hla)
+            print(f"{r}x{c} {name:22s}: stats {bench(st):.3f} ms, quantize {bench(qu):.3f} ms",
+                  flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiles", nargs="*", default=None)
+    ap.add_argument("--ablate", action="store_true")
     a = ap.parse_args(argv)
+    if a.ablate:
+        return ablate()
     if a.tiles:
         return tiles(a.tiles)
     bw = copy_bandwidth()

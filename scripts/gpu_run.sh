@@ -15,6 +15,7 @@
 #   profile    benchmarks/host_profile.py (host time of one layer backward), also for .baseline/
 #   e2e        python -m hot.bench.e2e (ViT-B/16 step; modes from $E2E_MODES)
 #   llm        python -m hot.bench.e2e --model llama-1b (modes from $LLM_MODES)
+#              (both: more hot.bench.e2e options from $E2E_ARGS, e.g. --profile)
 #   study      python -m hot.bench.study run (Fashion-MNIST carried under .data/fmnist, the text
 #              tasks' wheel and weights under .data/text; $STUDY_SETTINGS, $STUDY_SEEDS,
 #              $STUDY_WORKERS, $STUDY_LIMIT seconds, $STUDY_ARGS, $STUDY_DIR); the cells come
@@ -105,11 +106,11 @@ case "$what" in *" baseline "*)
 esac
 case "$what" in *" e2e "*)
   timeout 500 python3 -m hot.bench.e2e --modes "${E2E_MODES:-bf16_compile,hot_compile}" \
-    --json "$OUT/e2e.json" > "$OUT/e2e.log" 2>&1 || tail -20 "$OUT/e2e.log"
+    --json "$OUT/e2e.json" ${E2E_ARGS:-} > "$OUT/e2e.log" 2>&1 || tail -20 "$OUT/e2e.log"
 esac
 case "$what" in *" llm "*)
   timeout 560 python3 -m hot.bench.e2e --model llama-1b --modes "${LLM_MODES:-bf16_compile,hot_compile}" \
-    --json "$OUT/llm.json" > "$OUT/llm.log" 2>&1 || tail -20 "$OUT/llm.log"
+    --json "$OUT/llm.json" ${E2E_ARGS:-} > "$OUT/llm.log" 2>&1 || tail -20 "$OUT/llm.log"
 esac
 case "$what" in *" study "*)
   if [ -d .data/text ]; then
@@ -153,6 +154,8 @@ for d in json.load(open(sys.argv[1])):
     print(d.get("mode"), "step_ms", round(d.get("step_ms", -1), 2), "min", round(d.get("min_ms", -1), 2),
           "peak", round(d.get("peak_GiB", -1), 2),
           "reserved", round(d.get("peak_reserved_GiB") or -1, 2), "loss", (d.get("losses") or [None])[-1], d.get("error", ""))
+    if "profile" in d:
+        print("   busy", round(d["profile"]["gpu_busy_ms"], 2), d["profile"].get("category_ms"))
 EOF
 done
 exit 0

@@ -349,9 +349,43 @@ def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
     return out
 
 
+# Kernel categories of a profile: HOT's quantizer passes (the g_y, W and ABC passes are the
+# two Triton kernels of hot.fast.kernels.quantize), its integer GEMMs (CUTLASS int8, or the
+# Triton fallback), and the rest (what HOT leaves as it is: forward GEMMs, attention, norms,
+# elementwise, optimizer).
+_PASS_KERNELS = ("stats_kernel", "quantize_kernel")
+
+
+def kernel_category(name: str) -> str:
+    """'hot_pass', 'int8_gemm' or 'other' for a CUDA kernel's (demangled) name."""
+    if name.startswith(_PASS_KERNELS):
+        return "hot_pass"
+    if ("cutlass" in name and ("signed char" in name or "int8" in name)) \
+            or name.startswith("int8_gemm"):
+        return "int8_gemm"
+    return "other"
+
+
+def _demangled(names: list) -> dict:
+    """name -> its C++ demangling (c++filt, where installed; else the name): CUTLASS kernels
+    reach the profiler mangled, and their element types tell HOT's int8 GEMMs apart."""
+    import shutil
+
+    out = {n: n for n in names}
+    mangled = [n for n in names if n.startswith("_Z")]
+    if mangled and shutil.which("c++filt"):
+        res = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True,
+                             text=True, timeout=60)
+        lines = res.stdout.splitlines()
+        if res.returncode == 0 and len(lines) == len(mangled):
+            out.update(zip(mangled, lines))
+    return out
+
+
 def _profile(step, n: int = 2, top: int = 14) -> dict:
-    """GPU busy time per step (kernel durations summed, torch.profiler) and the kernels that
-    take most of it, grouped by name: where a step's time goes beyond the linear layers."""
+    """GPU busy time per step (kernel durations summed, torch.profiler), the kernels that take
+    most of it, grouped by name, and the busy time per kernel_category: where a step's time goes,
+    and what HOT's own kernels cost."""
     from collections import defaultdict
 
     from torch.profiler import ProfilerActivity, profile
@@ -362,12 +396,19 @@ def _profile(step, n: int = 2, top: int = 14) -> dict:
             step(i)
         torch.cuda.synchronize()
     by = defaultdict(float)
+    full = defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            by[e.name[:70]] += e.device_time / 1e3 / n
+            full[e.name] += e.device_time / 1e3 / n
+    names = _demangled(list(full))
+    cat = defaultdict(float)
+    for name, ms in full.items():
+        by[names[name][:70]] += ms
+        cat[kernel_category(names[name])] += ms
     busy = sum(by.values())
     top_ms = sorted(by.items(), key=lambda kv: -kv[1])[:top]
-    return {"gpu_busy_ms": busy, "top_ms": [(k, round(v, 3)) for k, v in top_ms]}
+    return {"gpu_busy_ms": busy, "top_ms": [(k, round(v, 3)) for k, v in top_ms],
+            "category_ms": {k: round(v, 3) for k, v in sorted(cat.items())}}
 
 
 def _release(cuda: bool) -> None:

@@ -114,3 +114,31 @@ def test_each_mode_runs_in_its_own_process(tmp_path, monkeypatch):
     assert e2e.main([*args[:-1], str(tmp_path / "s.json")]) == 0
     (r,) = json.loads((tmp_path / "s.json").read_text())
     assert r["mode"] == "bf16" and "exited with status 1" in r["error"]
+
+
+def test_profile_categories_separate_hot_kernels_from_the_rest():
+    from hot.bench.e2e import kernel_category
+
+    assert kernel_category("quantize_kernel") == "hot_pass"
+    assert kernel_category("stats_kernel") == "hot_pass"
+    assert kernel_category("int8_gemm_nt_kernel") == "int8_gemm"
+    assert kernel_category("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<"
+                           "cute::tuple<int, int, int>, signed char, signed char>>") == "int8_gemm"
+    # bf16 GEMMs (cuBLAS), inductor's fused kernels and attention are what HOT leaves alone
+    for name in ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTT", "triton_poi_fused_add_mul_0",
+                 "void cutlass::device_kernel<flash::FlashAttnFwdSm90<cutlass::bfloat16_t>>"):
+        assert kernel_category(name) == "other"
+
+
+def test_profile_names_are_demangled_where_cxxfilt_is_installed():
+    import shutil
+
+    from hot.bench.e2e import _demangled, kernel_category
+
+    name = "_ZN7cutlass13device_kernelIaEEvv"  # cutlass::device_kernel<signed char>
+    out = _demangled([name, "quantize_kernel"])
+    assert out["quantize_kernel"] == "quantize_kernel"
+    if shutil.which("c++filt") is None:
+        pytest.skip("c++filt is not installed: names stay mangled")
+    assert out[name] == "void cutlass::device_kernel<signed char>()"
+    assert kernel_category(out[name]) == "int8_gemm"
