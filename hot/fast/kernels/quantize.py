@@ -459,3 +459,130 @@ def quantize_kernel(
             tl.store(hla_q_ptr + off, q)
         else:
             tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & cmask[None, :, None])
+
+
+# ---------------------------------------------------------------- the one-read g_y pass
+
+
+@triton.jit
+def band_kernel(
+    x_ptr, sxr, sxc, R, C, hla_amax_ptr, hist_ptr, bsum_ptr,
+    hq_q_ptr, hq_s_ptr, C16, hq_key,
+    hla_q_ptr, LR, NBLK, hla_key, step_ptr,
+    USE_STEP: tl.constexpr, RANK: tl.constexpr, SEL: tl.constexpr, DO_HQ: tl.constexpr,
+    DO_BSUM: tl.constexpr, HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr,
+    HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    PREC: tl.constexpr, IDX64: tl.constexpr, EVEN: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """The g_y pass with a delayed HLA scale (HLAArgs.history) from one read of x: program
+    pid_r owns rows [pid_r BLOCK_R, +BLOCK_R) across every column. Its first sweep over the
+    column tiles quantizes HLA with the candidate scales 2 h / qmax (h = the history; 1 where h
+    is 0 or not finite, codes that delayed_fixup_kernel rewrites), folds each column's absmax
+    into hla_amax and, with DO_HQ, keeps its rows' HQ absmax (the stats kernel's dot); the
+    second sweep, last tile first so that the tiles most recently read are still in L2,
+    quantizes HQ with the per-row scales, which it writes. Compile with enable_fp_fusion=False."""
+    pid_r = tl.program_id(0)
+    n_ct = tl.cdiv(C16, BLOCK_C)
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    hla_k = _key(hla_key, step_ptr, USE_STEP)
+    jb = pid_r * (BLOCK_R // 16) + tl.arange(0, BLOCK_R // 16)
+    tt = tl.arange(0, RANK)
+    amax_r = tl.zeros((BLOCK_R,), dtype=tl.int32)
+    for j in range(0, n_ct):
+        cols = j * BLOCK_C + tl.arange(0, BLOCK_C)
+        cmask = cols < C
+        z, d = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, j, SEL, RANK, BLOCK_R, BLOCK_C, IDX64, EVEN)
+        a = tl.max(tl.max(_abs_bits(z), axis=2), axis=0)
+        tl.atomic_max(hla_amax_ptr + cols, a, mask=cmask, sem="relaxed")
+        if DO_BSUM:
+            tl.store(bsum_ptr + _idx(cols, IDX64) * tl.num_programs(0) + pid_r,
+                     tl.sum(d, axis=0), mask=cmask)
+        h = tl.load(hist_ptr + cols, mask=cmask, other=0.0)
+        c = h * 2.0
+        s = tl.where((h > 0.0) & (c < float("inf")),
+                     tl.math.div_rn(c, tl.full(c.shape, HLA_QMAX, tl.float32)), 1.0)
+        v = z * _recip(s)[None, :, None]
+        off = (_idx(cols[None, :, None], IDX64) * LR + (jb * RANK)[:, None, None]
+               + tt[None, None, :])
+        if HLA_STOCH:
+            u = _hla_u(cols, jb, LR, hla_k, BLOCK_R // 16, BLOCK_C, RANK, IDX64)
+        else:
+            u = v
+        q = _round(v, u, HLA_QMAX, HLA_STOCH)
+        if EVEN:
+            tl.store(hla_q_ptr + off, q)
+        else:
+            tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & cmask[None, :, None])
+        if DO_HQ:
+            t = _hq_t_dot(x_ptr, sxr, sxc, R, C, pid_r, j, BLOCK_R, BLOCK_C, DOT_DTYPE, PREC,
+                          IDX64, EVEN)
+            amax_r = tl.maximum(amax_r, tl.max(_abs_bits(t), axis=1))
+    if DO_HQ:
+        s_r = _scale(amax_r, HQ_QMAX)
+        tl.store(hq_s_ptr + rows, s_r, mask=rmask)
+        r_r = _recip(s_r)
+        hq_k = _key(hq_key, step_ptr, USE_STEP)
+        for jj in range(0, n_ct):
+            j = n_ct - 1 - jj
+            cols = j * BLOCK_C + tl.arange(0, BLOCK_C)
+            t = _hq_t_bfly(x_ptr, sxr, sxc, R, C, pid_r, j, BLOCK_R, BLOCK_C, IDX64, EVEN)
+            v = t * r_r[:, None]
+            if HQ_STOCH:
+                u = _hq_u(pid_r, j, C16, hq_k, BLOCK_R, BLOCK_C, IDX64)
+            else:
+                u = v
+            q = _round(v, u, HQ_QMAX, HQ_STOCH)
+            off = _idx(rows[:, None], IDX64) * C16 + cols[None, :]
+            if EVEN:
+                tl.store(hq_q_ptr + off, q)
+            else:
+                tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
+
+
+@triton.jit(do_not_specialize=["hla_key"])
+def delayed_fixup_kernel(
+    x_ptr, sxr, sxc, R, C, hla_amax_ptr, hist_ptr, count_ptr, hla_q_ptr, hla_s_ptr, LR, NBLK,
+    hla_key, step_ptr,
+    USE_STEP: tl.constexpr, RANK: tl.constexpr, SEL: tl.constexpr, HLA_QMAX: tl.constexpr,
+    HLA_STOCH: tl.constexpr, IDX64: tl.constexpr, EVEN: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """After band_kernel: each column's scale by quant.delayed_scale from its absmax a (now
+    complete) and its history h, written by the first row of tiles; the tile's codes of the
+    columns whose candidate was not kept quantized again with a's scale (nothing else is read);
+    then h = a, stored by the last program of each column of tiles to count in (count_ptr,
+    zeroed with the pass), after every program of that column read h."""
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    a_bits = tl.load(hla_amax_ptr + cols, mask=cmask, other=0)
+    a = a_bits.to(tl.float32, bitcast=True)
+    h = tl.load(hist_ptr + cols, mask=cmask, other=0.0)
+    c = h * 2.0
+    keep = (h > 0.0) & (c < float("inf")) & (a <= c) & (a * 4.0 >= c)
+    s = tl.where(keep, tl.math.div_rn(c, tl.full(c.shape, HLA_QMAX, tl.float32)),
+                 _scale(a_bits, HLA_QMAX))
+    if pid_r == 0:
+        tl.store(hla_s_ptr + cols, s, mask=cmask)
+    redo = (~keep) & cmask
+    if tl.sum(redo.to(tl.int32), axis=0) > 0:
+        z, _ = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64,
+                      EVEN)
+        v = z * _recip(s)[None, :, None]
+        jb = pid_r * (BLOCK_R // 16) + tl.arange(0, BLOCK_R // 16)
+        tt = tl.arange(0, RANK)
+        off = (_idx(cols[None, :, None], IDX64) * LR + (jb * RANK)[:, None, None]
+               + tt[None, None, :])
+        if HLA_STOCH:
+            u = _hla_u(cols, jb, LR, _key(hla_key, step_ptr, USE_STEP), BLOCK_R // 16, BLOCK_C,
+                       RANK, IDX64)
+        else:
+            u = v
+        q = _round(v, u, HLA_QMAX, HLA_STOCH)
+        tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & redo[None, :, None])
+    n = tl.atomic_add(count_ptr + pid_c, 1, sem="acq_rel")
+    if n == tl.num_programs(0) - 1:
+        tl.store(hist_ptr + cols, a, mask=cmask)
