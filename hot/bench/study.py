@@ -150,12 +150,6 @@ SETTINGS = {s.name: s for s in (
             rank=8, about="HLA's rank-8 projection only, unquantized; g_x exact"),
     Setting("rank16_token", ("--method", "hot", "--hla-rank", "16", "--gy-scale", "token"),
             rank=16, about="as rank16 with per-token g_y scales forced (no LQS)"),
-    # The one-read g_y pass's definition (HLAConfig(gy_amax="delayed")) against the same
-    # quantizers with the current absmax; both scale g_y per token (the pass needs it).
-    Setting("token", ("--method", "hot", "--gy-scale", "token"), rank=8,
-            about="the paper setting with per-token g_y scales forced (no LQS)"),
-    Setting("delayed", ("--method", "hot", "--gy-scale", "token", "--hla-gy-amax", "delayed"),
-            rank=8, about="token with g_y's HLA scale from the previous step (one-read pass)"),
     # HQ's bits change g_x only: HLA's saving on g_W stays whole.
     Setting("hq8", ("--method", "hot", "--hq-bits", "8"), rank=8,
             about="HQ at 8 bits (INT8 g_x), HLA as in the paper"),

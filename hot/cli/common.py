@@ -98,10 +98,6 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
                    help="token blocks over the flattened axis or inside each sequence")
     g.add_argument("--hla-bits", type=T.bits, default=8, metavar="{4,8,none}",
                    help="g_W path operand width (default 8)")
-    g.add_argument("--hla-gy-amax", choices=("current", "delayed"), default="current",
-                   help="g_y's per-channel HLA scale from this backward's absmax (current, "
-                        "paper) or from the previous one's within a window (delayed: the "
-                        "one-read g_y pass; needs --gy-scale token)")
     g.add_argument("--abc", choices=("save", "recompute", "auto"), default="auto",
                    help="what the forward keeps for g_W: the int8 codes (save, paper) or x, "
                         "with the codes formed in backward (recompute), or recompute where x is "
@@ -121,7 +117,7 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
 # The flags that shape HOT's quantizers, with their defaults: the baselines have their own.
 _QUANTIZER_FLAGS = {"hq_bits": 4, "gy_scale": "auto", "hla_rank": 8, "hla_selection": "lowpass",
                     "hla_blocking": "flat", "hla_bits": 8, "abc": "auto", "lqs_ratio": 0.5,
-                    "hla_full_rank": (), "hla_gy_amax": "current"}
+                    "hla_full_rank": ()}
 
 
 def hot_config(args) -> hot.HOTConfig:
@@ -139,8 +135,7 @@ def hot_config(args) -> hot.HOTConfig:
     return hot.HOTConfig(
         hq=hot.HQConfig(bits=args.hq_bits, gy_scale=args.gy_scale),
         hla=hot.HLAConfig(rank=args.hla_rank, selection=args.hla_selection,
-                          blocking=args.hla_blocking, bits=args.hla_bits, abc=args.abc,
-                          gy_amax=getattr(args, "hla_gy_amax", "current")),
+                          blocking=args.hla_blocking, bits=args.hla_bits, abc=args.abc),
         lqs=hot.LQSConfig(ratio=args.lqs_ratio),
         exact_steps=args.exact_steps, int8_steps=args.int8_steps,
         exact_from=args.exact_from)

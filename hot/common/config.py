@@ -108,13 +108,6 @@ class HLAConfig:
         may differ from the forward's by the rounding of the compiler's recomputation.
         "recompute" keeps more where x is not kept anyway, except for convs whose patches'
         codes outgrow x (a 3x3 stride-1 conv's take 4.5 bytes per element of x).
-    gy_amax: where g_y's per-channel HLA scale comes from. "current" (default, the paper): the
-        absmax of this backward's coefficients, a reduction over every token before the first
-        code. "delayed": the previous backward's absmax of the channel times 2, kept wherever
-        this backward's absmax lies within [1/4, 1] of it, else this backward's
-        (quant.delayed_scale); the g_y pass then needs no global reduction before its codes
-        (docs/algorithm.md). Needs scale="channel" and a per-token g_y scale on the g_x path
-        (HQConfig(gy_scale="token")), or no HQ quantization.
     """
 
     rank: int = 8
@@ -124,7 +117,6 @@ class HLAConfig:
     scale: str = "channel"
     rounding: str = "stochastic"
     abc: str = "auto"
-    gy_amax: str = "current"
 
     def __post_init__(self) -> None:
         _check_int("HLAConfig.rank", self.rank, f"use one of {VALID_RANKS}.")
@@ -139,7 +131,6 @@ class HLAConfig:
         _check_choice("HLAConfig.scale", self.scale, ("channel", "tensor"))
         _check_choice("HLAConfig.rounding", self.rounding, ("stochastic", "nearest"))
         _check_choice("HLAConfig.abc", self.abc, ("save", "recompute", "auto"))
-        _check_choice("HLAConfig.gy_amax", self.gy_amax, ("current", "delayed"))
 
 
 @dataclass(frozen=True)
@@ -257,17 +248,6 @@ class HOTConfig:
                 if not ok:
                     raise HOTConfigError(f"HOTConfig(method='lbp_wht') needs {name} = {fix}, "
                                          f"not {value!r}; start from HOTConfig.lbp_wht().")
-        if self.hla.gy_amax == "delayed":
-            for name, value, ok, fix in (
-                    ("method", self.method, self.method == "hot", "'hot'"),
-                    ("hla.bits", self.hla.bits, self.hla.bits is not None, "4 or 8"),
-                    ("hla.scale", self.hla.scale, self.hla.scale == "channel", "'channel'"),
-                    ("hq.gy_scale", self.hq.gy_scale,
-                     self.hq.gy_scale == "token" or self.hq.bits is None,
-                     "'token' (the one-read g_y pass scales g_x's operand per token)")):
-                if not ok:
-                    raise HOTConfigError(f"HLAConfig(gy_amax='delayed') needs {name} = {fix}, "
-                                         f"not {value!r}.")
         if self.exact_from is not None and (not _is_int(self.exact_from) or self.exact_from < 0):
             raise HOTConfigError(f"HOTConfig.exact_from={self.exact_from!r} must be None or a "
                                  f"non-negative int (the backward call the exact cool-down "

@@ -24,10 +24,6 @@ hla_quantize(x (L, C), HLAArgs) -> Quantized(q (C, Lr), scale (C|1, 1))
     hla_matrix(rank, selection) on each block of 16 consecutive rows:
     q * scale ~= ((I (x) T_r) pad(x))^T, i.e. q[c, j*rank + t] ~ sum_i T_r[t, i] x[16 j + i, c].
     Used for g_y (C = O) in backward and for x (C = I) in forward (ABC saves this q).
-    With HLAArgs.history (g_y under HLAConfig.gy_amax = "delayed"): scale =
-    quant.delayed_scale(a, history, bits) for the groups' absmax a of this transform, and then
-    history = a (in place, on the device: nothing waits for the host). A backend computes this
-    from one read of x where it can (no global absmax before the codes).
 
 gy_quantize(x, HQArgs, HLAArgs) -> (Quantized, Quantized)
     The g_y pass, by definition exactly (hq_quantize(x, hq), hla_quantize(x, hla)): a backend
@@ -94,9 +90,6 @@ class HLAArgs(NamedTuple):
     scale_mode: ScaleMode
     stochastic: bool
     seed: "int | StepSeed"
-    # None: absmax scales. A float32 tensor of one entry per scale group: the previous pass's
-    # absmax of each group, for quant.delayed_scale; the pass overwrites it with its own.
-    history: Optional[torch.Tensor] = None
 
 
 class Quantized(NamedTuple):

@@ -234,28 +234,6 @@ def absmax_scale(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
     return torch.where(amax == 0, torch.ones_like(scale), scale)
 
 
-# Delayed scale (HLAConfig.gy_amax = "delayed"): a group's candidate scale comes from the absmax h
-# that the same group had in the previous pass, c = DELAYED_MARGIN * h. It is the scale
-# (c / qmax) wherever this pass's own absmax a satisfies c / DELAYED_RANGE <= a <= c: no code
-# clips, and at least a quarter of the levels stay in use; elsewhere (h = 0 on the first pass,
-# h or a not finite, a outside the window) the scale is a's, as in absmax_scale.
-DELAYED_MARGIN = 2.0
-DELAYED_RANGE = 4.0
-
-
-def delayed_scale(amax: torch.Tensor, hist: torch.Tensor, bits: int) -> torch.Tensor:
-    """The scale of each group from this pass's absmax ``amax`` and the previous pass's ``hist``
-    (same shape, float32): DELAYED_MARGIN * hist / qmax inside the window above, else amax /
-    qmax (1 where amax == 0, non-finite where amax is). Every comparison and product is exact
-    (powers of two), so a kernel that evaluates the same expressions picks the same scales."""
-    amax = amax.to(torch.float32)
-    c = hist.to(torch.float32) * DELAYED_MARGIN
-    use = (hist > 0) & torch.isfinite(c) & (amax <= c) & (amax * DELAYED_RANGE >= c)
-    m = qmax(bits)
-    exact = torch.where(amax == 0, torch.ones_like(amax), amax / m)
-    return torch.where(use, c / m, exact)
-
-
 def reciprocal(scale: torch.Tensor) -> torch.Tensor:
     """r = 1 / scale in float32, correctly rounded (IEEE division), and 0 where that overflows to
     +Inf (scale < 2^-128: the group is flushed to zero codes, module docstring). r = 0 for an
@@ -293,18 +271,15 @@ def may_be_nonfinite(scale: torch.Tensor) -> bool:
 
 
 def quantize(
-    x: torch.Tensor, bits: int, mode: str, stochastic: bool, seed: int,
-    scale: Optional[torch.Tensor] = None,
+    x: torch.Tensor, bits: int, mode: str, stochastic: bool, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q int8, scale fp32) with x ~= q * scale; see the module docstring for the exact math.
-    ``scale``: the groups' scales when they are not x's absmax ones (delayed_scale).
 
     Equal to ``round_to_levels(x * reciprocal(scale), ...)``, computed in fewer passes over x
     (this runs on every gradient element; the reference's CPU step time is the demo's budget).
     """
     x = x.to(torch.float32)
-    if scale is None:
-        scale = absmax_scale(x, bits, mode)
+    scale = absmax_scale(x, bits, mode)
     # x * r and then + u as two separately rounded operations: torch.addcmul_ could be
     # contracted into an FMA by the compiler of its vectorized kernel, which is not the spec.
     # Into a contiguous buffer: x may be a transposed view (HLA), and q must be row-major.

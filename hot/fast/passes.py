@@ -66,47 +66,6 @@ class QuantizeArgs(NamedTuple):
     step: torch.Tensor
 
 
-class BandArgs(NamedTuple):
-    """Runtime parameters of band_kernel (the one-read pass), in its signature's order."""
-
-    x: torch.Tensor
-    sxr: int
-    sxc: int
-    R: int
-    C: int
-    hla_amax: torch.Tensor
-    hist: torch.Tensor
-    bsum: torch.Tensor
-    hq_q: torch.Tensor
-    hq_s: torch.Tensor
-    C16: int
-    hq_key: int
-    hla_q: torch.Tensor
-    LR: int
-    NBLK: int
-    hla_key: int
-    step: torch.Tensor
-
-
-class FixupArgs(NamedTuple):
-    """Runtime parameters of delayed_fixup_kernel, in its signature's order."""
-
-    x: torch.Tensor
-    sxr: int
-    sxc: int
-    R: int
-    C: int
-    hla_amax: torch.Tensor
-    hist: torch.Tensor
-    count: torch.Tensor
-    hla_q: torch.Tensor
-    hla_s: torch.Tensor
-    LR: int
-    NBLK: int
-    hla_key: int
-    step: torch.Tensor
-
-
 class PassOutputs(NamedTuple):
     """What a pass writes: codes and scales of each part asked for (None otherwise) and, for a
     bias-sum plan, the (C, row tiles) float32 partial column sums."""
@@ -136,10 +95,6 @@ class PassPlan:
     grid: object  # (rows of tiles, columns of tiles, 1), or a function of the tile (autotune)
     stats_meta: Meta
     quantize_meta: Meta
-    # A delayed HLA scale (HLAArgs.history): the one-read pass, band_kernel over (rows of
-    # tiles,) then delayed_fixup_kernel over ``grid``, in place of stats and quantize.
-    delayed: bool = False
-    n_ct: int = 0  # columns of tiles (the fix-up's counters)
 
 
 def _pow2(n: int) -> int:
@@ -190,15 +145,6 @@ def fixed_tile() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _delayed_launchers():
-    """(band, fixup) launchers (launch.Direct): always on one fixed tile (band_kernel's rows are
-    its band; the fix-up's counters follow its grid)."""
-    from .kernels.quantize import band_kernel, delayed_fixup_kernel
-
-    return Direct(band_kernel), Direct(delayed_fixup_kernel)
-
-
-@functools.lru_cache(maxsize=None)
 def _launchers():
     """(stats, quantize): launchers called as launcher(grid, args, meta, key) (launch.Direct), or
     on autotuned kernels when tiles are autotuned (then ``key`` is ignored)."""
@@ -245,14 +191,11 @@ def bsum_capable() -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
-          hq: Optional[tuple], hla: Optional[tuple], bsum: bool, use_step: bool,
-          delayed: bool = False) -> PassPlan:
+          hq: Optional[tuple], hla: Optional[tuple], bsum: bool, use_step: bool) -> PassPlan:
     c16, l16 = pad_to(c), pad_to(r)
     rank, selection = (hla[0], hla[1]) if hla else (BLOCK, "lowpass")
-    tile = options().tile
-    if delayed:
-        return _delayed_plan(r, c, strides, dtype, dev, hq, hla, bsum, use_step, tile)
     stats, quantize = _launchers()
+    tile = options().tile
     fixed = fixed_tile()
     dot_dtype, prec = _dot_types(dtype, dev)
     hq_row = bool(hq and hq[1] == ScaleMode.ROW)
@@ -293,43 +236,11 @@ def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
                     quantize_meta=quantize_meta)
 
 
-def _delayed_plan(r, c, strides, dtype, dev, hq, hla, bsum, use_step, tile) -> PassPlan:
-    """The plan of a one-read pass (HLAArgs.history): HLA per column, HQ per row or none."""
-    if hla is None or hla[3] != ScaleMode.ROW or (hq is not None and hq[1] != ScaleMode.ROW):
-        raise ValueError("a delayed HLA scale needs per-column HLA scales and, with HQ, per-row "
-                         "HQ scales (HOTConfig checks this)")
-    c16, l16 = pad_to(c), pad_to(r)
-    rank, selection = hla[0], hla[1]
-    if rank != _pow2(rank):
-        raise ValueError(f"HLA rank {rank} is not a power of two")
-    band, fixup = _delayed_launchers()
-    dot_dtype, prec = _dot_types(dtype, dev)
-    lr = l16 // BLOCK * rank
-    reach = max(r * c16, c * lr, (r - 1) * abs(strides[0]) + (c - 1) * abs(strides[1]) + 1)
-    even = r % tile.rows == 0 and c % tile.cols == 0
-    tile_kw = dict(BLOCK_R=tile.rows, BLOCK_C=tile.cols, num_warps=tile.warps)
-    common = dict(USE_STEP=use_step, RANK=rank, SEL=sel_code(rank, selection),
-                  HLA_QMAX=float(quant.qmax(hla[2])), HLA_STOCH=bool(hla[4]),
-                  IDX64=reach + max(c16, l16) >= 1 << 31, EVEN=even,
-                  enable_fp_fusion=False, **tile_kw)
-    band_meta = Meta(**common, DO_HQ=hq is not None, DO_BSUM=bsum,
-                     HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0,
-                     HQ_STOCH=bool(hq and hq[2]), DOT_DTYPE=dot_dtype, PREC=prec)
-    n_rt, n_ct = (l16 + tile.rows - 1) // tile.rows, (c16 + tile.cols - 1) // tile.cols
-    nh = r if hq else 0
-    return PassPlan(c16=c16, l16=l16, lr=lr, nh=nh, nl=c, stats=band, quantize=fixup,
-                    uid=next(_PLAN_IDS), bsum=bsum, do_hq=hq is not None, do_hla=True,
-                    hq_spad=pad_to(nh, SCALE_PAD), hla_spad=pad_to(c, SCALE_PAD),
-                    grid=(n_rt, n_ct, 1), stats_meta=band_meta, quantize_meta=Meta(**common),
-                    delayed=True, n_ct=n_ct)
-
-
 @on_change
 def clear_plans() -> None:
     """Forget cached plans and launchers (their tile and switches come from the options)."""
     _plan.cache_clear()
     _launchers.cache_clear()
-    _delayed_launchers.cache_clear()
 
 
 def plan_for(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
@@ -342,39 +253,7 @@ def plan_for(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
     return _plan(r, c, x.stride(), x.dtype, x.device,
                  (hq.bits, hq.scale_mode, hq.stochastic) if hq else None,
                  (hla.rank, hla.selection, hla.bits, hla.scale_mode, hla.stochastic)
-                 if hla else None, bsum, use_step, hla is not None and hla.history is not None)
-
-
-def delayed_pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
-                      hla: HLAArgs) -> tuple[BandArgs, FixupArgs, PassOutputs]:
-    """The runtime arguments of a one-read pass (p.delayed) over x, and the outputs they fill.
-    One zeroed workspace: the columns' absmax bits, then the fix-up's counters."""
-    r, c = x.shape
-    dev = x.device
-    hist = hla.history
-    if hist.dtype != torch.float32 or hist.numel() != c or not hist.is_contiguous() \
-            or hist.device != dev:
-        raise ValueError(f"HLAArgs.history must be a contiguous float32 vector of {c} entries "
-                         f"on {dev} (one per column of x), not {hist.dtype} "
-                         f"{tuple(hist.shape)} on {hist.device}")
-    ws = absmax_workspace(dev, c + p.n_ct)
-    amax, count = ws[:c], ws[c:]
-    step = step_counter(hq, hla)
-    hq_q = hq_s = None
-    if hq:
-        hq_q = torch.empty((r, p.c16), dtype=torch.int8, device=dev)
-        hq_s = torch.empty(p.hq_spad, dtype=torch.float32, device=dev).as_strided((p.nh, 1), (1, 1))
-    hla_q = torch.empty((c, p.lr), dtype=torch.int8, device=dev)
-    hla_s = torch.empty(p.hla_spad, dtype=torch.float32, device=dev).as_strided((c, 1), (1, 1))
-    bsum = torch.empty((c, p.grid[0]), dtype=torch.float32, device=dev) if p.bsum else None
-    st = step if step is not None else ws
-    band = BandArgs(x, x.stride(0), x.stride(1), r, c, amax, hist,
-                    bsum if bsum is not None else ws, hq_q if hq else ws, hq_s if hq else ws,
-                    p.c16, key_arg(hq.seed) if hq else 0, hla_q, p.lr, p.l16 // BLOCK,
-                    key_arg(hla.seed), st)
-    fixup = FixupArgs(x, x.stride(0), x.stride(1), r, c, amax, hist, count, hla_q, hla_s, p.lr,
-                      p.l16 // BLOCK, key_arg(hla.seed), st)
-    return band, fixup, PassOutputs(hq_q, hq_s, hla_q, hla_s, bsum)
+                 if hla else None, bsum, use_step)
 
 
 def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],

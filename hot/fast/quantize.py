@@ -17,7 +17,7 @@ from ..common.ops import HLAArgs, HQArgs, Quantized
 from . import native
 from .gemm import tag_small_codes
 from .launch import spec
-from .passes import PassOutputs, PassPlan, delayed_pass_args, pass_args, plan_for
+from .passes import PassOutputs, PassPlan, pass_args, plan_for
 
 
 def _check(x: torch.Tensor, what: str) -> None:
@@ -38,9 +38,6 @@ def gy_pass(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
     over those rows, the bias gradient without another read of x.
     """
     p = plan_for(x, hq, hla, bsum)
-    if p.delayed:
-        out = launch_delayed(x, p, hq, hla)
-        return out._replace(bsum=out.bsum.sum(1)) if bsum else out
     out = native.quant_pass(x, p, hq, hla)  # one C++ call once the plan's kernels are registered
     if out is not None:
         return out
@@ -61,18 +58,6 @@ def launch_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     kq = p.quantize(p.grid, quantize_args, p.quantize_meta,
                     (p.uid, xa, spec(quantize_args.hq_key), spec(quantize_args.hla_key)))
     native.register(p, x, ks, kq, (len(stats_args), len(quantize_args)))
-    return out
-
-
-def launch_delayed(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
-                   hla: HLAArgs) -> PassOutputs:
-    """The one-read pass of plan p (p.delayed) over x, launched from Python: band_kernel over
-    the bands of rows, then delayed_fixup_kernel over the tiles (kernels.quantize)."""
-    band_args, fixup_args, out = delayed_pass_args(x, p, hq, hla)
-    al = (x.data_ptr() % 16 == 0, hla.history.data_ptr() % 16 == 0)
-    p.stats((p.grid[0], 1, 1), band_args, p.stats_meta,
-            (p.uid, al, spec(band_args.hq_key), spec(band_args.hla_key)))
-    p.quantize(p.grid, fixup_args, p.quantize_meta, (p.uid, al, spec(fixup_args.hla_key)))
     return out
 
 

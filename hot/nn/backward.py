@@ -54,12 +54,10 @@ def scale_mode(granularity: str) -> ScaleMode:
     return ScaleMode.ROW if granularity in ("channel", "token") else ScaleMode.TENSOR
 
 
-def hla_args(plan: LayerPlan, seed: int, history: Optional[torch.Tensor] = None) -> HLAArgs:
-    """HLA's quantizer arguments; ``history``: g_y's delayed absmax (BackwardPlan.hla_history),
-    never the forward's x."""
+def hla_args(plan: LayerPlan, seed: int) -> HLAArgs:
     h = plan.config.hla
     return HLAArgs(h.rank, h.selection, h.bits or 0, scale_mode(h.scale),
-                   h.rounding == "stochastic", seed, history)
+                   h.rounding == "stochastic", seed)
 
 
 # Autograd nodes that keep their own output (first output) for backward: ReLU, sigmoid, tanh,
@@ -119,7 +117,7 @@ def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_d
         return _baseline_grads(plan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_dtype,
                                need_gb)
     hq, hq_w = _gx_args(cfg, bp)
-    hla = hla_args(plan, bp.seed_hla, bp.hla_history)
+    hla = hla_args(plan, bp.seed_hla)
     gy_hla = seq_pad(gy2d, plan.seq) if need_gw else gy2d
     gx = gw = gb = None
     if need_gx and need_gw and gy_hla is gy2d:

@@ -24,8 +24,8 @@ from torch.nn.modules.lazy import LazyModuleMixin
 
 from ..common.backend import requested_backend
 from ..common.config import HOTConfig, HOTConfigError
-from .modules import (HOT_ATTRS, HOT_BUFFERS, HOT_SCRATCH_BUFFERS, HOTConv2d, HOTLinear, _adopt,
-                      conv_supported, hot_class, original_class)
+from .modules import (HOT_ATTRS, HOT_BUFFERS, HOTConv2d, HOTLinear, _adopt, conv_supported,
+                      hot_class, original_class)
 
 FilterFn = Callable[[str, nn.Module], bool]
 log = logging.getLogger("hot")
@@ -157,7 +157,7 @@ def unconvert(model: nn.Module) -> nn.Module:
         if not isinstance(mod, (HOTLinear, HOTConv2d)):
             continue
         plain = _adopt(original_class(type(mod)), mod)
-        for k in HOT_BUFFERS + HOT_SCRATCH_BUFFERS:
+        for k in HOT_BUFFERS:
             plain._buffers.pop(k, None)
             plain._non_persistent_buffers_set.discard(k)
         for k in HOT_ATTRS:

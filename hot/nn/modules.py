@@ -24,8 +24,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 # What _hot_init adds to a module (unconvert removes exactly these).
-HOT_BUFFERS = ("hot_step", "hot_lqs")  # persistent: in the state dict
-HOT_SCRATCH_BUFFERS = ("hot_hla_amax",)  # not in the state dict
+HOT_BUFFERS = ("hot_step", "hot_lqs")
 HOT_ATTRS = ("hot_config", "hot_name", "hot_backend", "hot_id", "hot_lqs_stats", "_hot_resolved",
              "_hot_step_value", "_hot_lqs_value", "_hot_exact_phase", "_hot_key")
 
@@ -69,10 +68,6 @@ class _HOTMixin:
         dev = self.weight.device
         self.register_buffer("hot_step", torch.zeros((), dtype=torch.int64, device=dev))
         self.register_buffer("hot_lqs", torch.full((), LQS_UNDECIDED, dtype=torch.int8, device=dev))
-        # HLAConfig.gy_amax="delayed": g_y's per-channel HLA absmax of the last backward. Not in
-        # the state dict: after a restart the first pass takes its own absmax, as on step 0.
-        self.register_buffer("hot_hla_amax", torch.zeros(self.weight.shape[0], dtype=torch.float32,
-                                                         device=dev), persistent=False)
         # LQS calibration: the summed statistics (hot.common.lqs, on the CPU) and the passes seen.
         self.hot_lqs_stats = [torch.zeros(3, dtype=torch.float64), 0]
         self._hot_resolved: dict = {}
@@ -107,12 +102,6 @@ class _HOTMixin:
         if was_meta and not self.hot_step.is_meta:
             self.hot_step.fill_(self._hot_step_value)
             self.hot_lqs.fill_(self._hot_lqs_value)
-        h = self.__dict__.get("_buffers", {}).get("hot_hla_amax")
-        if h is not None and not h.is_meta and (h.dtype != torch.float32 or was_meta):
-            # a model-wide cast (model.half()) must not change the kernels' float32 vector;
-            # its contents only steer the next scale, so a fresh start is exact
-            self._buffers["hot_hla_amax"] = torch.zeros(h.shape, dtype=torch.float32,
-                                                        device=h.device)
         return out
 
     def hot_step_value(self) -> int:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -53,7 +52,6 @@ class BackwardPlan:
     seed_gy: "int | StepSeed"
     seed_w: "int | StepSeed"
     seed_hla: "int | StepSeed"
-    hla_history: Optional[torch.Tensor] = None  # HLAConfig.gy_amax="delayed": the layer's absmax
 
 
 def _rank() -> int:
@@ -149,7 +147,5 @@ def begin_backward(layer, plan: LayerPlan, gy2d: torch.Tensor) -> BackwardPlan:
     if bits and step < cfg.exact_steps + cfg.int8_steps:
         bits = 8
     mode = _lqs_mode(layer, cfg, gy2d, bits) if bits else ScaleMode.TENSOR
-    history = layer.hot_hla_amax if cfg.hla.gy_amax == "delayed" and cfg.hla.bits else None
     return BackwardPlan(False, bits, mode, layer_seed(layer, cfg, GY_HQ, step),
-                        layer_seed(layer, cfg, W_HQ, step), layer_seed(layer, cfg, GY_HLA, step),
-                        history)
+                        layer_seed(layer, cfg, W_HQ, step), layer_seed(layer, cfg, GY_HLA, step))

@@ -29,18 +29,8 @@ def hq_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
 
 
 def hla_quantize(x: torch.Tensor, a: HLAArgs) -> Quantized:
-    t = hla_transform(x, a.rank, a.selection)
-    if a.history is None or not a.bits or t.numel() == 0:
-        return _finish(t, a.bits, a.scale_mode, a.stochastic, a.seed)
-    t = t.to(torch.float32)
-    row = ops.ScaleMode(a.scale_mode) == ops.ScaleMode.ROW
-    # max(-min, max) as quant.absmax_scale forms it: NaN propagates
-    amax = (torch.maximum(-t.amin(1), t.amax(1)) if row
-            else torch.maximum(-t.amin(), t.amax()).reshape(1))
-    scale = quant.delayed_scale(amax, a.history.reshape(-1), a.bits).reshape(-1, 1)
-    a.history.copy_(amax.reshape(a.history.shape))
-    return Quantized(*quant.quantize(t, a.bits, "row" if row else "tensor", a.stochastic,
-                                     quant.seed_value(a.seed) if a.stochastic else 0, scale))
+    return _finish(hla_transform(x, a.rank, a.selection), a.bits, a.scale_mode, a.stochastic,
+                   a.seed)
 
 
 def plain_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:

@@ -91,12 +91,3 @@ def test_recommended_preset():
     for bad in (-1, 1.5, True, None):
         with pytest.raises(hot.HOTConfigError, match="recommended"):
             hot.HOTConfig.recommended(exact_steps=bad)
-
-
-def test_hla_gy_amax_delayed_trains_and_names_what_it_needs(run_cli, run_text, tmp_path):
-    rc, out, err = run_text("train", *TINY, "--hla-gy-amax", "delayed", "--out", tmp_path / "a")
-    assert rc == 2 and "gy_amax='delayed'" in err and "hq.gy_scale" in err
-    assert len(err.strip().splitlines()) == 1
-    rc, d = run_cli("train", *TINY, "--hla-gy-amax", "delayed", "--gy-scale", "token",
-                    "--out", tmp_path / "b")
-    assert rc == 0 and d["hot_config"]["hla"]["gy_amax"] == "delayed"

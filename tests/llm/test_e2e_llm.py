@@ -58,23 +58,6 @@ def test_min_in_features_reaches_the_hot_layers(monkeypatch):
     assert r["min_in_features"] == 4096 and seen and set(seen) == {4096}
 
 
-def test_delayed_gy_amax_reaches_the_hot_layers(monkeypatch):
-    seen = []
-    real = e2e._prepare
-
-    def spy(m, *a, **kw):
-        out = real(m, *a, **kw)
-        import hot
-        seen.extend((l.hot_config.hla.gy_amax, l.hot_config.hq.gy_scale)
-                    for _, l in hot.hot_layers(m))
-        return out
-
-    monkeypatch.setattr(e2e, "_prepare", spy)
-    r = e2e.run_mode("hot", gy_amax="delayed", **TINY)
-    assert "error" not in r, r.get("trace")
-    assert r["gy_amax"] == "delayed" and seen and set(seen) == {("delayed", "token")}
-
-
 def test_float8_modes_convert_all_but_the_output_layer():
     pytest.importorskip("torchao")
     for m in ("float8_tw", "float8_rw"):
