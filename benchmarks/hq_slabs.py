@@ -21,10 +21,12 @@ import triton.language as tl
 from hot.common.ops import HQArgs, ScaleMode
 from hot.common.options import Tile, override
 from hot.fast import passes
-from hot.fast.kernels.quantize import (_fwht16, _group_recip, _idx, _join_last, _key, _mix32,
-                                       _round, _u_hi, _u_lo)
+from hot.common.ops import HLAArgs
+from hot.fast.kernels.quantize import (_fwht16, _group_recip, _hla_u, _hla_z, _idx, _join_last,
+                                       _key, _mix32, _round, _u_hi, _u_lo)
 
 HQ = HQArgs(4, ScaleMode.ROW, True, 123)
+HLA = HLAArgs(8, "lowpass", 8, ScaleMode.ROW, True, 456)
 SHAPES = [(25216, 2304), (25216, 768), (4096, 28672)]
 
 
@@ -38,8 +40,9 @@ def hq_slab_kernel(
     HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,
     IDX64: tl.constexpr, EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """quantize_kernel's signature; the HQ part only (DO_HQ, stochastic or nearest)."""
-    tl.static_assert(DO_HQ and not DO_HLA)
+    """quantize_kernel's signature and function: the HQ part from column slabs, the HLA part
+    as quantize_kernel has it."""
+    tl.static_assert(DO_HQ)
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     NB: tl.constexpr = BLOCK_C // 16
@@ -79,16 +82,41 @@ def hq_slab_kernel(
         tl.store(hq_q_ptr + off, q)
     else:
         tl.store(hq_q_ptr + off, q, mask=rmask[:, None, None] & (c0[None, :, None] < C16))
+    if DO_HLA:  # quantize_kernel's HLA part, unchanged
+        cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        cmask = cols < C
+        r = _group_recip(hla_amax_ptr, hla_s_ptr, cols, cmask, pid_r, pid_c, HLA_ROW, False,
+                         HLA_QMAX)
+        z, _ = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64,
+                      EVEN)
+        if HLA_ROW:
+            v = z * r[None, :, None]
+        else:
+            v = z * r
+        jb = pid_r * (BLOCK_R // 16) + tl.arange(0, BLOCK_R // 16)
+        tt = tl.arange(0, RANK)
+        off = (_idx(cols[None, :, None], IDX64) * LR + (jb * RANK)[:, None, None]
+               + tt[None, None, :])
+        if HLA_STOCH:
+            u = _hla_u(cols, jb, LR, _key(hla_key, step_ptr, USE_STEP), BLOCK_R // 16,
+                       BLOCK_C, RANK, IDX64)
+        else:
+            u = v
+        q = _round(v, u, HLA_QMAX, HLA_STOCH)
+        if EVEN:
+            tl.store(hla_q_ptr + off, q)
+        else:
+            tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & cmask[None, :, None])
 
 
-def _both(x, hq=HQ):
-    """(current launcher, candidate launcher, current outputs, candidate outputs) for an HQ-only
-    pass over x; the stats kernel has run for both."""
-    p = passes.plan_for(x, hq, None)
+def _both(x, hq=HQ, hla=None):
+    """(current launcher, candidate launcher, current outputs, candidate outputs) for a pass
+    over x (HQ, and HLA when given); the stats kernel has run for both."""
+    p = passes.plan_for(x, hq, hla)
     out = []
     runs = []
     for fn in (None, hq_slab_kernel):
-        st, qa, o = passes.pass_args(x, p, hq, None)
+        st, qa, o = passes.pass_args(x, p, hq, hla)
         p.stats(p.grid, st, p.stats_meta)
         if fn is None:
             run = lambda qa=qa: p.quantize(p.grid, qa, p.quantize_meta)
@@ -106,11 +134,13 @@ def check(device) -> int:
         for dtype in (torch.float32, torch.bfloat16):
             x = (torch.randn(*shape) * 3).to(dtype).to(device)
             x[: max(1, shape[0] // 5)] *= 30
-            for stoch in (True, False):
-                _, _, a, b = _both(x, HQ._replace(stochastic=stoch))
-                same = torch.equal(a.hq_q, b.hq_q) and torch.equal(a.hq_s, b.hq_s)
+            for stoch, hla in ((True, None), (False, None), (True, HLA)):
+                _, _, a, b = _both(x, HQ._replace(stochastic=stoch), hla)
+                same = all(u is None and v is None or torch.equal(u, v)
+                           for u, v in zip(a[:4], b[:4]))
                 bad += not same
-                print(f"{shape} {dtype} stochastic={stoch}: {'same' if same else 'DIFFERENT'}")
+                print(f"{shape} {dtype} stochastic={stoch} HLA={hla is not None}: "
+                      f"{'same' if same else 'DIFFERENT'}")
     return 1 if bad else 0
 
 
@@ -120,13 +150,14 @@ def count() -> int:
 
     for tile in ((64, 64, 4), (32, 128, 4), (64, 128, 4)):
         with override(tile=Tile(*tile), autotune=False):
+          for parts, hla in (("HQ", None), ("HQ+HLA", (8, "lowpass", 8, ScaleMode.ROW, True))):
             p = passes._plan(4096, 4096, (4096, 1), torch.bfloat16, torch.device("cuda"),
-                             (4, ScaleMode.ROW, True), None, False, True)
+                             (4, ScaleMode.ROW, True), hla, False, True)
             per = tile[0] * tile[1] / (32 * tile[2])
             for name, fn in (("current", passes._launchers()[1].fn), ("slabs", hq_slab_kernel)):
                 k = compile_kernel(fn, p.quantize_meta, "*bf16")
                 c = counts(k)
-                print(f"tile {tile} {name:8s}: {sum(c.values()) / per:5.1f} per element, "
+                print(f"tile {tile} {parts:6s} {name:8s}: {sum(c.values()) / per:5.1f} per element, "
                       f"layout conversions {k.asm['ttgir'].count('ttg.convert_layout')}, "
                       f"shared memory {c['LDS'] + c['STS']}, barriers {c['BAR']}, "
                       f"MUFU {c['MUFU']}", flush=True)
@@ -140,11 +171,12 @@ def time_both() -> int:
     print(f"{torch.cuda.get_device_name()}, copy {bw / 1e12:.2f} TB/s")
     for r, c in SHAPES:
         x = torch.randn(r, c, device="cuda", dtype=torch.bfloat16)
-        cur, cand, a, b = _both(x)
-        floor = (2 * r * c + r * c) / bw * 1e3  # read g_y, write the HQ codes
-        t0, t1 = bench(cur), bench(cand)
-        print(f"{r}x{c}: quantize HQ current {t0:.3f} ms, slabs {t1:.3f} ms (floor {floor:.3f}); "
-              f"same codes {torch.equal(a.hq_q, b.hq_q)}", flush=True)
+        for parts, hla, extra in (("HQ", None, 0), ("HQ+HLA", HLA, c * r // 2)):
+            cur, cand, a, b = _both(x, HQ, hla)
+            floor = (2 * r * c + r * c + extra) / bw * 1e3  # read g_y, write the codes
+            t0, t1 = bench(cur), bench(cand)
+            print(f"{r}x{c} {parts}: quantize current {t0:.3f} ms, slabs {t1:.3f} ms (floor "
+                  f"{floor:.3f}); same codes {torch.equal(a.hq_q, b.hq_q)}", flush=True)
     return 0
 
 
