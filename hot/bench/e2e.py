@@ -367,19 +367,11 @@ def kernel_category(name: str) -> str:
 
 
 def _demangled(names: list) -> dict:
-    """name -> its C++ demangling (c++filt, where installed; else the name): CUTLASS kernels
-    reach the profiler mangled, and their element types tell HOT's int8 GEMMs apart."""
-    import shutil
-
-    out = {n: n for n in names}
-    mangled = [n for n in names if n.startswith("_Z")]
-    if mangled and shutil.which("c++filt"):
-        res = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True,
-                             text=True, timeout=60)
-        lines = res.stdout.splitlines()
-        if res.returncode == 0 and len(lines) == len(mangled):
-            out.update(zip(mangled, lines))
-    return out
+    """name -> its C++ demangling (torch's demangler; the name itself where torch has none or the
+    name is not mangled): CUTLASS kernels reach the profiler mangled, and their element types
+    tell HOT's int8 GEMMs apart."""
+    demangle = getattr(torch._C, "_demangle", None)
+    return {n: demangle(n) if demangle and n.startswith("_Z") else n for n in names}
 
 
 def _profile(step, n: int = 2, top: int = 14) -> dict:
