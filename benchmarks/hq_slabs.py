@@ -22,8 +22,8 @@ from hot.common.ops import HQArgs, ScaleMode
 from hot.common.options import Tile, override
 from hot.fast import passes
 from hot.common.ops import HLAArgs
-from hot.fast.kernels.quantize import (_fwht16, _group_recip, _hla_u, _hla_z, _idx, _join_last,
-                                       _key, _mix32, _round, _u_hi, _u_lo)
+from hot.fast.kernels.quantize import (_fwht16, _group_recip, _hla_quantize_tile, _idx,
+                                       _join_last, _key, _mix32, _round, _u_hi, _u_lo)
 
 HQ = HQArgs(4, ScaleMode.ROW, True, 123)
 HLA = HLAArgs(8, "lowpass", 8, ScaleMode.ROW, True, 456)
@@ -83,30 +83,9 @@ def hq_slab_kernel(
     else:
         tl.store(hq_q_ptr + off, q, mask=rmask[:, None, None] & (c0[None, :, None] < C16))
     if DO_HLA:  # quantize_kernel's HLA part, unchanged
-        cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        r = _group_recip(hla_amax_ptr, hla_s_ptr, cols, cmask, pid_r, pid_c, HLA_ROW, False,
-                         HLA_QMAX)
-        z, _ = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64,
-                      EVEN)
-        if HLA_ROW:
-            v = z * r[None, :, None]
-        else:
-            v = z * r
-        jb = pid_r * (BLOCK_R // 16) + tl.arange(0, BLOCK_R // 16)
-        tt = tl.arange(0, RANK)
-        off = (_idx(cols[None, :, None], IDX64) * LR + (jb * RANK)[:, None, None]
-               + tt[None, None, :])
-        if HLA_STOCH:
-            u = _hla_u(cols, jb, LR, _key(hla_key, step_ptr, USE_STEP), BLOCK_R // 16,
-                       BLOCK_C, RANK, IDX64)
-        else:
-            u = v
-        q = _round(v, u, HLA_QMAX, HLA_STOCH)
-        if EVEN:
-            tl.store(hla_q_ptr + off, q)
-        else:
-            tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & cmask[None, :, None])
+        _hla_quantize_tile(x_ptr, sxr, sxc, R, C, hla_amax_ptr, hla_q_ptr, hla_s_ptr, LR, NBLK,
+                           hla_key, step_ptr, pid_r, pid_c, USE_STEP, RANK, SEL, HLA_ROW,
+                           HLA_QMAX, HLA_STOCH, IDX64, EVEN, BLOCK_R, BLOCK_C)
 
 
 def _both(x, hq=HQ, hla=None):

@@ -434,28 +434,40 @@ def quantize_kernel(
         else:
             tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
     if DO_HLA:
-        cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        r = _group_recip(hla_amax_ptr, hla_s_ptr, cols, cmask, pid_r, pid_c, HLA_ROW, False,
-                         HLA_QMAX)
-        # Code (block jb, coefficient t) of column c sits at c * LR + jb * RANK + t.
-        z, _ = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64,
-                      EVEN)
-        if HLA_ROW:
-            v = z * r[None, :, None]
-        else:
-            v = z * r
-        jb = pid_r * (BLOCK_R // 16) + tl.arange(0, BLOCK_R // 16)
-        tt = tl.arange(0, RANK)
-        off = (_idx(cols[None, :, None], IDX64) * LR + (jb * RANK)[:, None, None]
-               + tt[None, None, :])
-        if HLA_STOCH:
-            u = _hla_u(cols, jb, LR, _key(hla_key, step_ptr, USE_STEP), BLOCK_R // 16,
-                       BLOCK_C, RANK, IDX64)
-        else:
-            u = v
-        q = _round(v, u, HLA_QMAX, HLA_STOCH)
-        if EVEN:
-            tl.store(hla_q_ptr + off, q)
-        else:
-            tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & cmask[None, :, None])
+        _hla_quantize_tile(x_ptr, sxr, sxc, R, C, hla_amax_ptr, hla_q_ptr, hla_s_ptr, LR, NBLK,
+                           hla_key, step_ptr, pid_r, pid_c, USE_STEP, RANK, SEL, HLA_ROW,
+                           HLA_QMAX, HLA_STOCH, IDX64, EVEN, BLOCK_R, BLOCK_C)
+
+
+@triton.jit
+def _hla_quantize_tile(x_ptr, sxr, sxc, R, C, hla_amax_ptr, hla_q_ptr, hla_s_ptr, LR, NBLK,
+                       hla_key, step_ptr, pid_r, pid_c, USE_STEP: tl.constexpr,
+                       RANK: tl.constexpr, SEL: tl.constexpr, HLA_ROW: tl.constexpr,
+                       HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr, IDX64: tl.constexpr,
+                       EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """quantize_kernel's HLA part: the tile's HLA codes (and, from the first row of tiles, the
+    scales)."""
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    r = _group_recip(hla_amax_ptr, hla_s_ptr, cols, cmask, pid_r, pid_c, HLA_ROW, False,
+                     HLA_QMAX)
+    # Code (block jb, coefficient t) of column c sits at c * LR + jb * RANK + t.
+    z, _ = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64, EVEN)
+    if HLA_ROW:
+        v = z * r[None, :, None]
+    else:
+        v = z * r
+    jb = pid_r * (BLOCK_R // 16) + tl.arange(0, BLOCK_R // 16)
+    tt = tl.arange(0, RANK)
+    off = (_idx(cols[None, :, None], IDX64) * LR + (jb * RANK)[:, None, None]
+           + tt[None, None, :])
+    if HLA_STOCH:
+        u = _hla_u(cols, jb, LR, _key(hla_key, step_ptr, USE_STEP), BLOCK_R // 16, BLOCK_C,
+                   RANK, IDX64)
+    else:
+        u = v
+    q = _round(v, u, HLA_QMAX, HLA_STOCH)
+    if EVEN:
+        tl.store(hla_q_ptr + off, q)
+    else:
+        tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & cmask[None, :, None])
