@@ -53,17 +53,15 @@ def tiles(specs):
 
 
 def ablate():
-    variants = {"both, stochastic": (HQ, HLA), "both, nearest": (HQ._replace(stochastic=False),
-                                                                   HLA._replace(stochastic=False)),
-                "HQ only, stochastic": (HQ, None), "HQ only, nearest":
-                (HQ._replace(stochastic=False), None), "HLA only, stochastic": (None, HLA),
-                "HLA only, nearest": (None, HLA._replace(stochastic=False))}
     for r, c in SHAPES:
         x = torch.randn(r, c, device="cuda", dtype=torch.bfloat16)
-        for name, (hq, hla) in variants.items():
-            st, qu = _parts(x, hq, hla)
-            print(f"{r}x{c} {name:22s}: stats {bench(st):.3f} ms, quantize {bench(qu):.3f} ms",
-                  flush=True)
+        for parts, hq, hla in (("both", HQ, HLA), ("HQ only", HQ, None), ("HLA only", None, HLA)):
+            for stoch in (True, False):
+                name = f"{parts}, {'stochastic' if stoch else 'nearest'}"
+                st, qu = _parts(x, hq and hq._replace(stochastic=stoch),
+                                hla and hla._replace(stochastic=stoch))
+                print(f"{r}x{c} {name:22s}: stats {bench(st):.3f} ms, quantize "
+                      f"{bench(qu):.3f} ms", flush=True)
 
 
 def main(argv=None):

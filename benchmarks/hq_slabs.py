@@ -127,19 +127,22 @@ def count() -> int:
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from sass_count import compile_kernel, counts
 
+    hla_args = (8, "lowpass", 8, ScaleMode.ROW, True)
     for tile in ((64, 64, 4), (32, 128, 4), (64, 128, 4)):
-        with override(tile=Tile(*tile), autotune=False):
-          for parts, hla in (("HQ", None), ("HQ+HLA", (8, "lowpass", 8, ScaleMode.ROW, True))):
-            p = passes._plan(4096, 4096, (4096, 1), torch.bfloat16, torch.device("cuda"),
-                             (4, ScaleMode.ROW, True), hla, False, True)
-            per = tile[0] * tile[1] / (32 * tile[2])
-            for name, fn in (("current", passes._launchers()[1].fn), ("slabs", hq_slab_kernel)):
-                k = compile_kernel(fn, p.quantize_meta, "*bf16")
-                c = counts(k)
-                print(f"tile {tile} {parts:6s} {name:8s}: {sum(c.values()) / per:5.1f} per element, "
-                      f"layout conversions {k.asm['ttgir'].count('ttg.convert_layout')}, "
-                      f"shared memory {c['LDS'] + c['STS']}, barriers {c['BAR']}, "
-                      f"MUFU {c['MUFU']}", flush=True)
+        per = tile[0] * tile[1] / (32 * tile[2])
+        for parts, hla in (("HQ", None), ("HQ+HLA", hla_args)):
+            with override(tile=Tile(*tile), autotune=False):
+                p = passes._plan(4096, 4096, (4096, 1), torch.bfloat16, torch.device("cuda"),
+                                 (4, ScaleMode.ROW, True), hla, False, True)
+                current = passes._launchers()[1].fn
+                for name, fn in (("current", current), ("slabs", hq_slab_kernel)):
+                    k = compile_kernel(fn, p.quantize_meta, "*bf16")
+                    c = counts(k)
+                    print(f"tile {tile} {parts:6s} {name:8s}: {sum(c.values()) / per:5.1f} per "
+                          f"element, layout conversions "
+                          f"{k.asm['ttgir'].count('ttg.convert_layout')}, shared memory "
+                          f"{c['LDS'] + c['STS']}, barriers {c['BAR']}, MUFU {c['MUFU']}",
+                          flush=True)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Static instruction counts of the quantizer pass's kernels, compiled for sm_90 without a GPU:
 how many SASS instructions each thread issues per element of its tile, by opcode, and the layout
-conversions and correctly rounded divisions behind them. A proxy for kernels that are bound by
+conversions and correctly rounded divisions behind them (MUFU: the special-function unit's
+instructions, here the divisions' reciprocals). A proxy for kernels that are bound by
 instruction issue (docs/performance.md: the passes take as long on an H100 as on an H200); it
 needs only the triton wheel (its ptxas and nvdisasm), not a GPU, so a kernel change can be
 weighed before a GPU run times it.
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
                 conv = k.asm["ttgir"].count("ttg.convert_layout")
                 top = ", ".join(f"{o} {n}" for o, n in c.most_common(8))
                 print(f"{name:9s} {kname:8s}: {sum(c.values()) / per_thread:6.1f} per element "
-                      f"({sum(c.values())} in all); layout conversions {conv}, MUFU.RCP "
+                      f"({sum(c.values())} in all); layout conversions {conv}, MUFU "
                       f"{c['MUFU']}, shared memory {c['LDS'] + c['STS']}, barriers {c['BAR']}; "
                       f"{top}", flush=True)
     return 0
