@@ -1,12 +1,14 @@
 """Break the g_y pass down on a GPU: the stats kernel alone, the quantize kernel alone, both, and
 the host time of one call, against the pass's floor.
 
-    python benchmarks/gy_pass_breakdown.py [--tiles 64,64,4 32,64,4 ...] [--ablate]
+    python benchmarks/gy_pass_breakdown.py [--tiles 64,64,4 32,64,4 ...] [--ablate] [--ncu]
 
 Floor = (one read of g_y in bf16 + the HQ codes + the HLA codes) / copy bandwidth, as in
 hot.bench.backward. --tiles times the two kernels on other quantizer tiles (ViT-B qkv g_y).
 --ablate times each kernel with one part (HQ or HLA) and with nearest instead of stochastic
 rounding: where the quantize kernel's time goes (the same bytes are read in every variant).
+--ncu runs each shape's two kernels once between cudaProfilerStart and Stop (after a warm-up
+that compiles them), for `ncu --profile-from-start off` (scripts/gpu_run.sh ncu).
 """
 import argparse
 import sys
@@ -64,11 +66,28 @@ def ablate():
                       f"{bench(qu):.3f} ms", flush=True)
 
 
+def ncu():
+    runs = []
+    for r, c in SHAPES:
+        st, qu = _parts(torch.randn(r, c, device="cuda", dtype=torch.bfloat16))
+        qu()
+        runs += [st, qu]
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for fn in runs:
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiles", nargs="*", default=None)
     ap.add_argument("--ablate", action="store_true")
+    ap.add_argument("--ncu", action="store_true")
     a = ap.parse_args(argv)
+    if a.ncu:
+        return ncu()
     if a.ablate:
         return ablate()
     if a.tiles:

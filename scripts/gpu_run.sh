@@ -10,7 +10,9 @@
 #   baseline   the same per-layer benchmark for the tree in .baseline/ (an older commit, carried:
 #              git archive <commit> | tar -x -C .baseline), run right after this tree's, on the
 #              same machine, to compare before and after
-#   breakdown  benchmarks/gy_pass_breakdown.py (g_y pass stages)
+#   breakdown  benchmarks/gy_pass_breakdown.py (g_y pass stages), also for .baseline/
+#              ($BREAKDOWN_ARGS: more options, e.g. --ablate or --tiles ...)
+#   ncu        Nsight Compute counters of the g_y pass kernels (benchmarks/gy_pass_breakdown.py --ncu)
 #   graphs     tests/fast/test_cuda_graphs_gpu.py alone
 #   slabs      benchmarks/hq_slabs.py check and time (the HQ quantize candidate against the
 #              current kernel, compiled)
@@ -92,10 +94,23 @@ case "$what" in *" profile "*)
 esac
 case "$what" in *" slabs "*)
   timeout 200 python3 benchmarks/hq_slabs.py check 2>&1 | tail -3
-  timeout 200 python3 benchmarks/hq_slabs.py time 2>&1 | tee "$OUT/hq_slabs.log" | tail -4
+  timeout 400 python3 benchmarks/hq_slabs.py time 2>&1 | tee "$OUT/hq_slabs.log" | grep -E "BEST|Error|error" | tail -12
 esac
 case "$what" in *" breakdown "*)
-  timeout 240 python3 benchmarks/gy_pass_breakdown.py 2>&1 | tee "$OUT/breakdown.log" | tail -6
+  timeout 240 python3 benchmarks/gy_pass_breakdown.py ${BREAKDOWN_ARGS:-} 2>&1 | tee "$OUT/breakdown.log" | tail -12
+  if [ -d .baseline/hot ]; then  # the same for the older tree, on the same machine
+    echo "baseline tree:"
+    ( cd .baseline && PYTHONPATH=$PWD:/tmp/site HOT_JIT_CACHE=/tmp/hot_jit_base timeout 240 \
+        python3 benchmarks/gy_pass_breakdown.py ${BREAKDOWN_ARGS:-} 2>&1 | tee "$OUT/breakdown_base.log" | tail -12 )
+  fi
+esac
+case "$what" in *" ncu "*)
+  # Hardware counters of the g_y pass's two kernels on each breakdown shape (Nsight Compute;
+  # clocks left alone, as the device notes ask).
+  timeout 300 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+    --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
+    --section MemoryWorkloadAnalysis python3 benchmarks/gy_pass_breakdown.py --ncu > "$OUT/ncu.txt" 2>&1
+  grep -E "^  [a-z_]+kernel|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|No Eligible|Registers Per|Block Limit Reg" "$OUT/ncu.txt" | head -90
 esac
 case "$what" in *" bench "*)
   timeout 400 python3 -m hot.bench.backward --json "$OUT/bench_backward.json" --md "$OUT/bench_backward.md" \

@@ -24,13 +24,19 @@ Sylvester in sequency order; n_t packed 4 bits each in the constexpr SEL):
     HQ, stats kernel: one K = 16 tensor-core dot: the tile loaded as a (BR*BC/16, 16) operand (row
         m = r * (BC/16) + j holds x[r, 16j : 16j+16]) times H16. bf16/fp16 inputs times the
         +-1/4 entries are exact products summed in fp32; fp32 inputs use an fp32 ('ieee') dot.
-    HQ, quantize kernel: the tile loaded once as (BR*BC/16, 16) with vector loads, cut into 16
-        slabs (slab i = column 16j + i of every block) by tl.split, the fast Walsh-Hadamard
-        butterfly (64 adds/subs per 16 values, exact +-1 sums; the 1/4 is an exact scaling),
-        then joined back for one 16-byte code store per block. The dot and the butterfly differ
-        by float summation order only, so the stats kernel's amax may differ from the quantize
-        kernel's transform by an ulp: a code then moves only where its v lies within an ulp of
-        a rounding boundary, the same bound the reference comparison allows (tests).
+    HQ, quantize kernel: the tile loaded as two (BR*BC/16, 8) halves (row m = r * (BC/16) + j
+        holds columns 16j..16j+7, resp. 16j+8..16j+15, of tile row r), so one thread holds a
+        whole block and cutting it into 16 slabs (slab i = column 16j + i of every block) by
+        tl.split moves no data; then the fast Walsh-Hadamard butterfly (64 adds/subs per 16
+        values, exact +-1 sums; the 1/4 is an exact scaling), scale, hash and rounding on the
+        slabs (the row's scale and reciprocal are formed once per block a thread holds, not
+        once per element), and the codes joined for one 16-byte store per block. (Splitting
+        one (BR*BC/16, 16) load instead crosses threads at the last halving: 31 layout
+        conversions through shared memory and twice the instructions, benchmarks/
+        sass_count.py.) The dot and the butterfly differ by float summation order only, so the
+        stats kernel's amax may differ from the quantize kernel's transform by an ulp: a code
+        then moves only where its v lies within an ulp of a rounding boundary, the same bound
+        the reference comparison allows (tests).
     HLA, both kernels: 16 loads of (BR/16, BC) row slabs (slab i = row 16j + i of every block),
         the same butterfly along the token axis, then only the kept rows, joined into
         (BR/16, BC, RANK) so a column's codes of one block leave in one vector store. The
@@ -236,21 +242,23 @@ def _join_last(ts, N: tl.constexpr):
 
 
 @triton.jit
-def _split16(x, P: tl.constexpr):
-    """x (P, 16) -> 16-tuple of (P,) slabs, slab i = x[:, i]: four halvings of the last axis by
-    tl.split (even / odd positions), so slab order is natural after each level's evens + odds."""
+def _split_last(x, P: tl.constexpr, N: tl.constexpr):
+    """x (P, N) -> N-tuple of (P,) slabs, slab i = x[:, i], N in 2..16 a power of two: halvings
+    of the last axis by tl.split (even / odd positions), so slab order is natural after each
+    level's evens + odds. Free of data movement while one thread holds the whole last axis."""
     ts = (x,)
     for lv in tl.static_range(4):
-        ev = ()
-        od = ()
-        for s in tl.static_range(1 << lv):
-            if lv == 3:
-                a, b = tl.split(ts[s])
-            else:
-                a, b = tl.split(tl.reshape(ts[s], (P, 8 >> lv, 2)))
-            ev = ev + (a,)
-            od = od + (b,)
-        ts = ev + od
+        if (N >> lv) >= 2:
+            ev = ()
+            od = ()
+            for s in tl.static_range(1 << lv):
+                if (N >> lv) == 2:
+                    a, b = tl.split(ts[s])
+                else:
+                    a, b = tl.split(tl.reshape(ts[s], (P, (N >> lv) // 2, 2)))
+                ev = ev + (a,)
+                od = od + (b,)
+            ts = ev + od
     return ts
 
 
@@ -286,32 +294,6 @@ def _hq_t_dot(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R: tl.constexpr,
     h = tl.where(parity == 1, -0.25, 0.25)
     t = tl.dot(xp.to(DOT_DTYPE), h.to(DOT_DTYPE), input_precision=PREC, out_dtype=tl.float32)
     return tl.reshape(t, (BLOCK_R, BLOCK_C))
-
-
-@triton.jit
-def _hq_t_bfly(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R: tl.constexpr,
-               BLOCK_C: tl.constexpr, IDX64: tl.constexpr, EVEN: tl.constexpr):
-    """t (BLOCK_R, BLOCK_C) float32 = the tile times blockdiag(H16) by the butterfly."""
-    P: tl.constexpr = BLOCK_R * (BLOCK_C // 16)
-    xp = _load_blocks(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, IDX64, EVEN)
-    ys = _fwht16(_split16(xp.to(tl.float32), P))
-    return tl.reshape(_join_last(ys, 16), (BLOCK_R, BLOCK_C)) * 0.25
-
-
-@triton.jit
-def _hq_u(pid_r, pid_c, C16, key, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-          IDX64: tl.constexpr):
-    """u (BLOCK_R, BLOCK_C) of the HQ codes of the tile (code (row, col) at row * C16 + col),
-    joined as _hq_t_bfly joins t: block (r, j) of the (P,) slabs starts at code r * C16 + 16 j,
-    and slabs 2p, 2p + 1 are one pair. Called after v is formed, so the u are not held in
-    registers through the transform."""
-    NB: tl.constexpr = BLOCK_C // 16
-    P: tl.constexpr = BLOCK_R * NB
-    m = tl.arange(0, P)
-    r = pid_r * BLOCK_R + m // NB
-    c0 = pid_c * BLOCK_C + (m % NB) * 16
-    pair0 = ((_idx(r, IDX64) * C16 + c0) >> 1).to(tl.uint32)
-    return tl.reshape(_join_last(_u_pairs_last(pair0, key, 16), 16), (BLOCK_R, BLOCK_C))
 
 
 @triton.jit
@@ -413,30 +395,62 @@ def quantize_kernel(
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     if DO_HQ:
-        t = _hq_t_bfly(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, IDX64, EVEN)
-        rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-        cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        rmask = rows < R
-        r = _group_recip(hq_amax_ptr, hq_s_ptr, rows, rmask, pid_r, pid_c, HQ_ROW, True, HQ_QMAX)
-        if HQ_ROW:
-            v = t * r[:, None]
-        else:
-            v = t * r
-        if HQ_STOCH:
-            u = _hq_u(pid_r, pid_c, C16, _key(hq_key, step_ptr, USE_STEP), BLOCK_R, BLOCK_C,
-                      IDX64)
-        else:
-            u = v  # unused by nearest rounding
-        off = _idx(rows[:, None], IDX64) * C16 + cols[None, :]
-        q = _round(v, u, HQ_QMAX, HQ_STOCH)
-        if EVEN:
-            tl.store(hq_q_ptr + off, q)
-        else:
-            tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (cols[None, :] < C16))
+        _hq_quantize_tile(x_ptr, sxr, sxc, R, C, hq_amax_ptr, hq_q_ptr, hq_s_ptr, C16, hq_key,
+                          step_ptr, pid_r, pid_c, USE_STEP, HQ_ROW, HQ_QMAX, HQ_STOCH, IDX64,
+                          EVEN, BLOCK_R, BLOCK_C)
     if DO_HLA:
         _hla_quantize_tile(x_ptr, sxr, sxc, R, C, hla_amax_ptr, hla_q_ptr, hla_s_ptr, LR, NBLK,
                            hla_key, step_ptr, pid_r, pid_c, USE_STEP, RANK, SEL, HLA_ROW,
                            HLA_QMAX, HLA_STOCH, IDX64, EVEN, BLOCK_R, BLOCK_C)
+
+
+@triton.jit
+def _hq_quantize_tile(x_ptr, sxr, sxc, R, C, hq_amax_ptr, hq_q_ptr, hq_s_ptr, C16, hq_key,
+                      step_ptr, pid_r, pid_c, USE_STEP: tl.constexpr, HQ_ROW: tl.constexpr,
+                      HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, IDX64: tl.constexpr,
+                      EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """quantize_kernel's HQ part: the tile's HQ codes (and, from the first column of tiles,
+    the scales), computed on (P,) slabs, P = the tile's blocks of 16 (module docstring)."""
+    NB: tl.constexpr = BLOCK_C // 16
+    P: tl.constexpr = BLOCK_R * NB
+    m = tl.arange(0, P)
+    rows = pid_r * BLOCK_R + m // NB  # block m's row and first column
+    c0 = pid_c * BLOCK_C + (m % NB) * 16
+    rmask = rows < R
+    i8 = tl.arange(0, 8)
+    ptr = x_ptr + _idx(rows[:, None], IDX64) * sxr + _idx(c0[:, None] + i8[None, :], IDX64) * sxc
+    if EVEN:
+        lo = tl.load(ptr)
+        hi = tl.load(ptr + 8 * sxc)
+    else:
+        lo = tl.load(ptr, mask=rmask[:, None] & (c0[:, None] + i8[None, :] < C), other=0.0)
+        hi = tl.load(ptr + 8 * sxc, mask=rmask[:, None] & (c0[:, None] + 8 + i8[None, :] < C),
+                     other=0.0)
+    ys = _fwht16(_split_last(lo.to(tl.float32), P, 8) + _split_last(hi.to(tl.float32), P, 8))
+    # One scale per block, not per element: the divisions run once per block a thread holds.
+    r = _group_recip(hq_amax_ptr, hq_s_ptr, rows, rmask, pid_r, pid_c, HQ_ROW, True, HQ_QMAX)
+    if HQ_STOCH:
+        key = _key(hq_key, step_ptr, USE_STEP)
+        pair0 = ((_idx(rows, IDX64) * C16 + c0) >> 1).to(tl.uint32)
+    qs = ()
+    for p in tl.static_range(8):
+        if HQ_STOCH:
+            w = _mix32((pair0 + p) ^ key)  # codes 2p and 2p + 1 of a block share a hash
+        for h in tl.static_range(2):
+            v = (ys[2 * p + h] * 0.25) * r
+            if not HQ_STOCH:
+                u = v  # unused by nearest rounding
+            elif h == 0:
+                u = _u_lo(w)
+            else:
+                u = _u_hi(w)
+            qs = qs + (_round(v, u, HQ_QMAX, HQ_STOCH),)
+    q = tl.reshape(_join_last(qs, 16), (P, 16))  # a block's codes leave in one 16-byte store
+    off = _idx(rows[:, None], IDX64) * C16 + c0[:, None] + tl.arange(0, 16)[None, :]
+    if EVEN:
+        tl.store(hq_q_ptr + off, q)
+    else:
+        tl.store(hq_q_ptr + off, q, mask=rmask[:, None] & (c0[:, None] < C16))
 
 
 @triton.jit
