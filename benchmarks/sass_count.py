@@ -36,20 +36,30 @@ _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 
 def compile_kernel(fn, meta, x_type: str):
-    """fn compiled for sm_90 with meta's constexprs and options; runtime ints as i32."""
+    """fn compiled for sm_90 with meta's constexprs and options, and the specializations
+    Triton's launcher gives a contiguous 4096 x 4096 input: the column stride 1 as a constant,
+    every pointer and every other runtime integer (the hash keys excepted, which the kernel
+    exempts) divisible by 16. Without them the loads and stores are not vectorized and the
+    counts describe a kernel the GPU never runs."""
     names = list(fn.arg_names)
     kw = dict(meta.kw)
     opts = {k: kw.pop(k) for k in ("num_warps", "enable_fp_fusion") if k in kw}
-    sig, const = {}, {}
+    sig, const, attrs = {}, {}, {}
     for i, n in enumerate(names):
         if n in kw:
             sig[n] = "constexpr"
             const[(i,)] = kw[n]
+        elif n == "sxc":
+            sig[n] = "constexpr"
+            const[(i,)] = 1
         elif n in _PTR:
             sig[n] = _PTR[n] or x_type
+            attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[n] = "i32"
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
+            if not n.endswith("_key"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=opts)
 
 
