@@ -53,6 +53,7 @@ capturing a layer that would still change one of them raises (``_check_capturabl
 from __future__ import annotations
 
 import itertools
+import math
 import weakref
 from typing import Optional
 
@@ -396,33 +397,55 @@ layer_bwd = _def("layer_bwd(Tensor gy2d, Tensor? w2d, Tensor? saved0, Tensor? sa
 # ---------------------------------------------------------------- entry points of the layers
 
 
-def _recompute(layer, x: torch.Tensor) -> bool:
+def _recompute(layer, x: torch.Tensor, w: torch.Tensor, seq: int,
+               copy_rows: Optional[int]) -> bool:
     """Whether the ABC codes are formed in backward from a kept x (HLAConfig.abc): "recompute",
     or "auto" where keeping x is free: eagerly where x's producer keeps x anyway, under compile
     where the partitioner may rebuild what backward materializes (else it would save x itself,
-    which the codes undercut)."""
-    abc = layer.hot_config.hla.abc
-    if abc != "auto":
-        return abc == "recompute"
+    which the codes undercut).
+
+    Under compile, an x that is the layer's own autocast copy of a tensor needing no gradient
+    (``copy_rows`` = the rows its codes would have: an image at the patch embedding) is kept
+    by nothing else, so the partitioner would keep it or its wider source: the smaller of x
+    and its codes is kept."""
+    h = layer.hot_config.hla
+    if h.abc != "auto":
+        return h.abc == "recompute"
     if torch.compiler.is_compiling():
         import torch._functorch.config as fc
 
-        return not fc.ban_recompute_materialized_backward
+        if fc.ban_recompute_materialized_backward:
+            return False
+        if copy_rows is not None and not x.requires_grad:
+            cols = math.prod(w.shape[1:])
+            return x.numel() * x.dtype.itemsize < _codes_nbytes(copy_rows, cols, seq, h, x.dtype)
+        return True
     return kept_by_producer(x)
 
 
-def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int):
+def _codes_nbytes(rows: int, cols: int, seq: int, h, x_dtype: torch.dtype) -> int:
+    """Bytes of the ABC codes and scales of a (rows, cols) x (hot.common.ops.hla_fake)."""
+    if seq > 0:
+        rows = rows // seq * ops.pad_to(seq)
+    code = torch.int8 if h.bits else (torch.float64 if x_dtype == torch.float64 else
+                                      torch.float32)
+    scales = cols if h.scale == "channel" else 1
+    return cols * (ops.pad_to(rows) // ops.BLOCK * h.rank) * code.itemsize + scales * 4
+
+
+def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int, copy_rows: Optional[int]):
     """(need_gx, need_gw, exact, seq, rank, bits, row, recompute): the constants of this call."""
     h = layer.hot_config.hla
     exact = layer._hot_exact_phase or x.numel() == 0 or is_narrow(layer, layer.hot_config)
     return (x.requires_grad, w.requires_grad, exact, seq, h.rank, h.bits or 0,
-            h.scale == "channel", _recompute(layer, x))
+            h.scale == "channel", _recompute(layer, x, w, seq, copy_rows))
 
 
 def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
-           seq: int) -> torch.Tensor:
-    """HOTLinear's forward (inputs validated and autocast-cast by the caller)."""
-    flags = _flags(layer, x, w, seq)
+           seq: int, x_cast: bool = False) -> torch.Tensor:
+    """HOTLinear's forward (inputs validated and autocast-cast by the caller; ``x_cast`` when
+    that made x a copy)."""
+    flags = _flags(layer, x, w, seq, math.prod(x.shape[:-1]) if x_cast else None)
     if x.dim() == 2:  # no views around the Function: its output is the layer's output
         return LinearFn.apply(x, w, b, layer._hot_key, *flags)[0]
     y2d, _, _ = LinearFn.apply(x.reshape(-1, x.shape[-1]), w, b, layer._hot_key, *flags)
@@ -430,9 +453,14 @@ def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
 
 
 def conv2d(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], geom,
-           seq: int) -> torch.Tensor:
+           seq: int, x_cast: bool = False) -> torch.Tensor:
     """HOTConv2d's forward; geom = (stride, padding, dilation)."""
     stride, padding, dilation = (list(g) for g in geom)
+    rows = None
+    if x_cast:  # the patches' rows: one per output position
+        out = [(x.shape[2 + i] + 2 * padding[i] - dilation[i] * (w.shape[2 + i] - 1) - 1)
+               // stride[i] + 1 for i in (0, 1)]
+        rows = x.shape[0] * out[0] * out[1]
     y, _, _ = ConvFn.apply(x, w, b, layer._hot_key, stride, padding, dilation,
-                           *_flags(layer, x, w, seq))
+                           *_flags(layer, x, w, seq, rows))
     return y

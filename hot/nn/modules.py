@@ -226,8 +226,8 @@ class HOTLinear(_HOTMixin, nn.Linear):
         self._check_features(x)
         if not self._needs_backward(x):
             return nn.functional.linear(x, self.weight, self.bias)
-        x, w, b = self._autocast(x, self.weight, self.bias)
-        return autograd.linear(self, x, w, b, self._seq(x))
+        xc, w, b = self._autocast(x, self.weight, self.bias)
+        return autograd.linear(self, xc, w, b, self._seq(xc), xc.dtype != x.dtype)
 
     def _seq(self, x: torch.Tensor) -> int:
         """Rows per sequence (tokens) for blocking='sequence', else 0."""
@@ -271,9 +271,9 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
         self._check_4d(x)
         if not self._needs_backward(x):
             return self._conv_forward(x, self.weight, self.bias)
-        x, w, b = self._autocast(x, self.weight, self.bias)
+        xc, w, b = self._autocast(x, self.weight, self.bias)
         geom = self._geom()
-        return autograd.conv2d(self, x, w, b, geom, self._seq(x, w, geom))
+        return autograd.conv2d(self, xc, w, b, geom, self._seq(xc, w, geom), xc.dtype != x.dtype)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", " + self.hot_extra_repr()
