@@ -14,8 +14,6 @@
 #              ($BREAKDOWN_ARGS: more options, e.g. --ablate or --tiles ...)
 #   ncu        Nsight Compute counters of the g_y pass kernels (benchmarks/gy_pass_breakdown.py --ncu)
 #   graphs     tests/fast/test_cuda_graphs_gpu.py alone
-#   slabs      benchmarks/hq_slabs.py check and time (the HQ quantize candidate against the
-#              current kernel, compiled)
 #   profile    benchmarks/host_profile.py (host time of one layer backward), also for .baseline/
 #   e2e        python -m hot.bench.e2e (ViT-B/16 step; modes from $E2E_MODES)
 #   llm        python -m hot.bench.e2e --model llama-1b (modes from $LLM_MODES)
@@ -91,10 +89,6 @@ case "$what" in *" profile "*)
         python3 ../benchmarks/host_profile.py --n 200 --top 25 > "$OUT/host_profile_base.log" 2>&1 )
     head -1 "$OUT/host_profile_base.log"
   fi
-esac
-case "$what" in *" slabs "*)
-  timeout 200 python3 benchmarks/hq_slabs.py check 2>&1 | tail -3
-  timeout 400 python3 benchmarks/hq_slabs.py time 2>&1 | tee "$OUT/hq_slabs.log" | grep -E "BEST|Error|error" | tail -12
 esac
 case "$what" in *" breakdown "*)
   timeout 240 python3 benchmarks/gy_pass_breakdown.py ${BREAKDOWN_ARGS:-} 2>&1 | tee "$OUT/breakdown.log" | tail -12
