@@ -429,22 +429,17 @@ def _hq_quantize_tile(x_ptr, sxr, sxc, R, C, hq_amax_ptr, hq_q_ptr, hq_s_ptr, C1
     ys = _fwht16(_split_last(lo.to(tl.float32), P, 8) + _split_last(hi.to(tl.float32), P, 8))
     # One scale per block, not per element: the divisions run once per block a thread holds.
     r = _group_recip(hq_amax_ptr, hq_s_ptr, rows, rmask, pid_r, pid_c, HQ_ROW, True, HQ_QMAX)
-    if HQ_STOCH:
-        key = _key(hq_key, step_ptr, USE_STEP)
+    vs = ()
+    for i in tl.static_range(16):
+        vs = vs + ((ys[i] * 0.25) * r,)
+    if HQ_STOCH:  # a block's codes start at an even index: slabs 2p and 2p + 1 share a hash
         pair0 = ((_idx(rows, IDX64) * C16 + c0) >> 1).to(tl.uint32)
+        us = _u_pairs_last(pair0, _key(hq_key, step_ptr, USE_STEP), 16)
+    else:
+        us = vs  # unused by nearest rounding
     qs = ()
-    for p in tl.static_range(8):
-        if HQ_STOCH:
-            w = _mix32((pair0 + p) ^ key)  # codes 2p and 2p + 1 of a block share a hash
-        for h in tl.static_range(2):
-            v = (ys[2 * p + h] * 0.25) * r
-            if not HQ_STOCH:
-                u = v  # unused by nearest rounding
-            elif h == 0:
-                u = _u_lo(w)
-            else:
-                u = _u_hi(w)
-            qs = qs + (_round(v, u, HQ_QMAX, HQ_STOCH),)
+    for i in tl.static_range(16):
+        qs = qs + (_round(vs[i], us[i], HQ_QMAX, HQ_STOCH),)
     q = tl.reshape(_join_last(qs, 16), (P, 16))  # a block's codes leave in one 16-byte store
     off = _idx(rows[:, None], IDX64) * C16 + c0[:, None] + tl.arange(0, 16)[None, :]
     if EVEN:
