@@ -17,6 +17,7 @@ the modules whose backward reads it (``CompiledSavedCapture``, from Inductor's p
 from __future__ import annotations
 
 import contextlib
+import operator
 import re
 from collections import OrderedDict, defaultdict
 
@@ -268,7 +269,7 @@ def _readers(n) -> str:
     mods, todo = set(), list(n.users)
     while todo:
         u = todo.pop()
-        if _is_view(u) or u.target is _getitem():
+        if _is_view(u) or u.target is operator.getitem:
             todo.extend(u.users)
             continue
         if u.op != "output":
@@ -276,17 +277,11 @@ def _readers(n) -> str:
     return "+".join(sorted(m for m in mods if m))
 
 
-def _getitem():
-    import operator
-
-    return operator.getitem
-
-
 def _fx_label(n) -> tuple[str, str]:
     """(op, module) that made a forward-graph node, through views ('input' for a graph input)."""
     viewed = False
     while True:
-        src = n.args[0] if n.target is _getitem() else n
+        src = n.args[0] if n.target is operator.getitem else n
         if not _is_view(src):
             break
         n, viewed = src.args[0], True

@@ -418,17 +418,17 @@ def _recompute(layer, x: torch.Tensor, w: torch.Tensor, seq: int,
             return False
         if copy_rows is not None and not x.requires_grad:
             cols = math.prod(w.shape[1:])
-            return x.numel() * x.dtype.itemsize < _codes_nbytes(copy_rows, cols, seq, h, x.dtype)
+            return x.numel() * x.dtype.itemsize < _codes_nbytes(copy_rows, cols, seq, h, x)
         return True
     return kept_by_producer(x)
 
 
-def _codes_nbytes(rows: int, cols: int, seq: int, h, x_dtype: torch.dtype) -> int:
-    """Bytes of the ABC codes and scales of a (rows, cols) x (hot.common.ops.hla_fake)."""
+def _codes_nbytes(rows: int, cols: int, seq: int, h, x: torch.Tensor) -> int:
+    """Bytes of the ABC codes and scales of a (rows, cols) input like x (the shapes of
+    hot.common.ops.hla_fake after seq_pad), from the sizes alone: nothing enters a traced graph."""
     if seq > 0:
         rows = rows // seq * ops.pad_to(seq)
-    code = torch.int8 if h.bits else (torch.float64 if x_dtype == torch.float64 else
-                                      torch.float32)
+    code = ops.dtype_of_codes(h.bits, x)
     scales = cols if h.scale == "channel" else 1
     return cols * (ops.pad_to(rows) // ops.BLOCK * h.rank) * code.itemsize + scales * 4
 
