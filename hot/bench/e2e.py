@@ -189,7 +189,7 @@ class Workload:
 
 
 def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
-             min_in_features: int = 0) -> dict:
+             min_in_features: int = 0, hla_amax: str = "current") -> dict:
     """Convert ``m`` for ``mode`` in place; returns facts for the record."""
     dev = torch.device(w.device)
     if mode.hot:
@@ -200,11 +200,13 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
             cfg = cfg.replace(hla={"abc": "recompute"})
         if min_in_features:
             cfg = cfg.replace(min_in_features=min_in_features)
+        if hla_amax != "current" and mode.method != "hot_exact":
+            cfg = cfg.replace(hla={"amax": hla_amax})
         backend = "reference" if mode.method == "hot_ref" or dev.type != "cuda" else "fast"
         filt = (lambda fqn, _: fqn != w.head) if exclude_head else None
         hot.convert(m, cfg, filter=filt, backend=backend)
         return {"hot_backend": backend, "hot_layers": len(hot.hot_layers(m)),
-                "min_in_features": min_in_features}
+                "min_in_features": min_in_features, "hla_amax": cfg.hla.amax}
     if mode.method in FLOAT8_RECIPES:
         try:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -227,7 +229,7 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
 def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
               profile: bool = False, *, model: str = "vit-b", seq: Optional[int] = None,
               device: str = "cuda", exclude_head: bool = False,
-              min_in_features: int = 0) -> dict:
+              min_in_features: int = 0, hla_amax: str = "current") -> dict:
     """Train ``warmup`` + ``steps`` steps of ``model`` in ``mode`` (see the module docstring);
     the record of the timed steps. Raises on failure (run_mode turns that into a record)."""
     md = parse_mode(mode)
@@ -244,7 +246,8 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
             st.enter_context(fc.patch(ban_recompute_materialized_backward=False))
         if md.compile == "reduce-overhead":
             st.enter_context(ic.patch(graph_partition=True))
-        return _step_time(md, w, warmup, steps, profile, exclude_head, min_in_features)
+        return _step_time(md, w, warmup, steps, profile, exclude_head, min_in_features,
+                          hla_amax)
 
 
 def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Workload:
@@ -264,13 +267,14 @@ def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Worklo
 
 
 def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
-               exclude_head: bool, min_in_features: int = 0) -> dict:
+               exclude_head: bool, min_in_features: int = 0,
+               hla_amax: str = "current") -> dict:
     from ..common import quant
 
     dev = torch.device(w.device)
     cuda = dev.type == "cuda"
     m = w.build()
-    facts = _prepare(m, md, w, exclude_head, min_in_features)
+    facts = _prepare(m, md, w, exclude_head, min_in_features, hla_amax)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
     if md.compile:
         import torch._dynamo.utils as du
@@ -350,10 +354,11 @@ def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
 
 
 # Kernel categories of a profile: HOT's quantizer passes (the g_y, W and ABC passes are the
-# two Triton kernels of hot.fast.kernels.quantize), its integer GEMMs (CUTLASS int8, or the
+# Triton kernels of hot.fast.kernels.quantize: stats and quantize, or with a delayed HLA scale
+# onepass and fixup), its integer GEMMs (CUTLASS int8, or the
 # Triton fallback), and the rest (what HOT leaves as it is: forward GEMMs, attention, norms,
 # elementwise, optimizer).
-_PASS_KERNELS = ("stats_kernel", "quantize_kernel")
+_PASS_KERNELS = ("stats_kernel", "quantize_kernel", "onepass_kernel", "fixup_kernel")
 # HOT's CUTLASS GEMMs by their integer MMA: the atom names (Hopper's GMMA and Ampere's mma
 # atoms, e.g. MMA_64x256x32_S32S8S8_SS_TN) and CUTLASS 2's saturating integer operator appear
 # verbatim in the mangled names the profiler reports, which the C++ demanglers at hand (torch's
@@ -455,6 +460,7 @@ def _isolated(mode: str, batch: int, a, timeout: float) -> dict:
         cmd += ["--profile"] if a.profile else []
         cmd += ["--exclude-head"] if a.exclude_head else []
         cmd += ["--min-in-features", str(a.min_in_features)] if a.min_in_features else []
+        cmd += ["--hla-amax", a.hla_amax]
         base = {"mode": mode, "model": a.model, "batch": batch}
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -495,6 +501,8 @@ def main(argv=None) -> int:
     p.add_argument("--min-in-features", type=int, default=0,
                    help="HOTConfig(min_in_features=N) in the HOT modes: narrower layers run "
                         "exactly (default 0: every layer runs HOT)")
+    p.add_argument("--hla-amax", choices=("current", "delayed"), default="current",
+                   help="HLAConfig(amax=...) in the HOT modes (delayed: one read of g_y and x)")
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--profile", action="store_true",
                    help="also profile 2 steps: GPU busy time and the kernels that take most of it")
@@ -515,7 +523,8 @@ def main(argv=None) -> int:
         p.error(str(e))
     modes = (a.modes or DEFAULT_MODES["llama" if a.model.startswith("llama") else a.model])
     kw = dict(warmup=a.warmup, steps=a.steps, profile=a.profile, model=a.model, seq=a.seq,
-              device=a.device, exclude_head=a.exclude_head, min_in_features=a.min_in_features)
+              device=a.device, exclude_head=a.exclude_head, min_in_features=a.min_in_features,
+              hla_amax=a.hla_amax)
     res = []
     for mode in [m for m in modes.split(",") if m]:
         if a.in_process:

@@ -150,6 +150,8 @@ SETTINGS = {s.name: s for s in (
             rank=8, about="HLA's rank-8 projection only, unquantized; g_x exact"),
     Setting("rank16_token", ("--method", "hot", "--hla-rank", "16", "--gy-scale", "token"),
             rank=16, about="as rank16 with per-token g_y scales forced (no LQS)"),
+    Setting("delayed", ("--method", "hot", "--hla-amax", "delayed"), rank=8,
+            about="as paper, HLA's channel scales from the previous pass's absmax (one read)"),
     # HQ's bits change g_x only: HLA's saving on g_W stays whole.
     Setting("hq8", ("--method", "hot", "--hq-bits", "8"), rank=8,
             about="HQ at 8 bits (INT8 g_x), HLA as in the paper"),

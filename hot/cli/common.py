@@ -102,6 +102,10 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
                    help="what the forward keeps for g_W: the int8 codes (save, paper) or x, "
                         "with the codes formed in backward (recompute), or recompute where x is "
                         "kept anyway (auto)")
+    g.add_argument("--hla-amax", choices=("current", "delayed"), default="current",
+                   help="g_W path channel scales: this pass's absmax (current, paper) or the "
+                        "previous pass's, checked against this one's (delayed: one read of "
+                        "g_y and x on the GPU)")
     g.add_argument("--lqs-ratio", type=T.unit_fraction, default=0.5,
                    help="LQS threshold, in (0, 1] (default 0.5)")
     g.add_argument("--exact-steps", type=T.nonnegative_int, default=0,
@@ -116,7 +120,8 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
 
 # The flags that shape HOT's quantizers, with their defaults: the baselines have their own.
 _QUANTIZER_FLAGS = {"hq_bits": 4, "gy_scale": "auto", "hla_rank": 8, "hla_selection": "lowpass",
-                    "hla_blocking": "flat", "hla_bits": 8, "abc": "auto", "lqs_ratio": 0.5,
+                    "hla_blocking": "flat", "hla_bits": 8, "abc": "auto", "hla_amax": "current",
+                    "lqs_ratio": 0.5,
                     "hla_full_rank": ()}
 
 
@@ -135,7 +140,8 @@ def hot_config(args) -> hot.HOTConfig:
     return hot.HOTConfig(
         hq=hot.HQConfig(bits=args.hq_bits, gy_scale=args.gy_scale),
         hla=hot.HLAConfig(rank=args.hla_rank, selection=args.hla_selection,
-                          blocking=args.hla_blocking, bits=args.hla_bits, abc=args.abc),
+                          blocking=args.hla_blocking, bits=args.hla_bits, abc=args.abc,
+                          amax=getattr(args, "hla_amax", "current")),
         lqs=hot.LQSConfig(ratio=args.lqs_ratio),
         exact_steps=args.exact_steps, int8_steps=args.int8_steps,
         exact_from=args.exact_from)

@@ -108,6 +108,15 @@ class HLAConfig:
         may differ from the forward's by the rounding of the compiler's recomputation.
         "recompute" keeps more where x is not kept anyway, except for convs whose patches'
         codes outgrow x (a 3x3 stride-1 conv's take 4.5 bytes per element of x).
+    amax: where the per-channel scales of T g_y and T x come from. "current" (the paper): each
+        channel's absmax of this pass's coefficients, a reduction over every token before the
+        first code, so a pass reads its input twice. "delayed": the channel's absmax h of the
+        layer's previous pass over the same operand, times 4, kept wherever this pass's own
+        absmax a lies within [h / 4, 4 h] (no code clips, at least 1/16 of the levels in
+        use), else a's scale as with "current" (hot.common.quant.delayed_scale); the fast
+        backend then quantizes from one read and re-reads only the channels outside that
+        window (docs/algorithm.md, "One read with a delayed scale"). Needs scale="channel"
+        and bits.
     """
 
     rank: int = 8
@@ -117,6 +126,7 @@ class HLAConfig:
     scale: str = "channel"
     rounding: str = "stochastic"
     abc: str = "auto"
+    amax: str = "current"
 
     def __post_init__(self) -> None:
         _check_int("HLAConfig.rank", self.rank, f"use one of {VALID_RANKS}.")
@@ -131,6 +141,12 @@ class HLAConfig:
         _check_choice("HLAConfig.scale", self.scale, ("channel", "tensor"))
         _check_choice("HLAConfig.rounding", self.rounding, ("stochastic", "nearest"))
         _check_choice("HLAConfig.abc", self.abc, ("save", "recompute", "auto"))
+        _check_choice("HLAConfig.amax", self.amax, ("current", "delayed"))
+        if self.amax == "delayed" and (self.scale != "channel" or self.bits is None):
+            raise HOTConfigError(
+                f"HLAConfig(amax='delayed') needs scale='channel' and bits 4 or 8, not "
+                f"scale={self.scale!r}, bits={self.bits!r}: a delayed scale is a channel's "
+                f"absmax of the previous pass.")
 
 
 @dataclass(frozen=True)
@@ -248,6 +264,10 @@ class HOTConfig:
                 if not ok:
                     raise HOTConfigError(f"HOTConfig(method='lbp_wht') needs {name} = {fix}, "
                                          f"not {value!r}; start from HOTConfig.lbp_wht().")
+        if self.hla.amax == "delayed" and self.method != "hot":
+            raise HOTConfigError(f"HLAConfig(amax='delayed') is HOT's one-read scale; "
+                                 f"HOTConfig(method={self.method!r}) quantizes without it: "
+                                 f"use method='hot' or HLAConfig(amax='current').")
         if self.exact_from is not None and (not _is_int(self.exact_from) or self.exact_from < 0):
             raise HOTConfigError(f"HOTConfig.exact_from={self.exact_from!r} must be None or a "
                                  f"non-negative int (the backward call the exact cool-down "

@@ -24,6 +24,11 @@ hla_quantize(x (L, C), HLAArgs) -> Quantized(q (C, Lr), scale (C|1, 1))
     hla_matrix(rank, selection) on each block of 16 consecutive rows:
     q * scale ~= ((I (x) T_r) pad(x))^T, i.e. q[c, j*rank + t] ~ sum_i T_r[t, i] x[16 j + i, c].
     Used for g_y (C = O) in backward and for x (C = I) in forward (ABC saves this q).
+    With HLAArgs.history (HLAConfig.amax = "delayed"; ROW scales): scale =
+    quant.delayed_scale(a, history, bits), a the columns' absmax of this transform, and then
+    history = a, in place on the device (nothing waits for the host). A backend may form these
+    codes from one read of x: codes with the candidate scales first, the columns outside the
+    window again once a is known.
 
 gy_quantize(x, HQArgs, HLAArgs) -> (Quantized, Quantized)
     The g_y pass, by definition exactly (hq_quantize(x, hq), hla_quantize(x, hla)): a backend
@@ -90,6 +95,10 @@ class HLAArgs(NamedTuple):
     scale_mode: ScaleMode
     stochastic: bool
     seed: "int | StepSeed"
+    # None: absmax scales. Else a float32 vector, one entry per scale group (column of x): the
+    # absmax of each group in the previous pass, for quant.delayed_scale; the pass overwrites
+    # it with its own.
+    history: Optional[torch.Tensor] = None
 
 
 class Quantized(NamedTuple):

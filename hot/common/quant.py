@@ -213,11 +213,9 @@ def hash_uniform(seed: int, shape: tuple[int, ...], device=None) -> torch.Tensor
     return k.to(torch.float32).mul_(2.0**-16).add_(2.0**-17).reshape(shape)
 
 
-def absmax_scale(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
-    """scale = amax / qmax over rows ('row' -> (R,1)), columns ('col' -> (1,C)) or all ('tensor' -> (1,1)).
-
-    NaN/Inf propagate into the scale; all-zero groups get scale 1.
-    """
+def absmax(x: torch.Tensor, mode: str) -> torch.Tensor:
+    """amax = max |x| in float32 over rows ('row' -> (R,1)), columns ('col' -> (1,C)) or all
+    ('tensor' -> (1,1)); NaN/Inf propagate."""
     # max(-min, max) allocates nothing of x's size (abs() would); NaN propagates through both.
     # Separate amax and amin, not aminmax: CPU aminmax along a dimension measured 6-9x slower.
     if mode == "row":
@@ -228,10 +226,49 @@ def absmax_scale(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
         lo, hi = x.amin().reshape(1, 1), x.amax().reshape(1, 1)
     else:
         raise ValueError(f"scale mode {mode!r}")
-    amax = torch.maximum(-lo, hi)
-    amax = amax.to(torch.float32)
+    return torch.maximum(-lo, hi).to(torch.float32)
+
+
+def absmax_scale(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
+    """scale = amax / qmax over rows ('row' -> (R,1)), columns ('col' -> (1,C)) or all ('tensor' -> (1,1)).
+
+    NaN/Inf propagate into the scale; all-zero groups get scale 1.
+    """
+    amax = absmax(x, mode)
     scale = amax / qmax(bits)
     return torch.where(amax == 0, torch.ones_like(scale), scale)
+
+
+# Delayed scale (HLAConfig.amax = "delayed"): a group's candidate is c = DELAYED_MARGIN * h, h the
+# absmax the same group had in the previous pass. Its scale is c / qmax wherever this pass's own
+# absmax a satisfies c / DELAYED_RANGE <= a <= c, i.e. h / 4 <= a <= 4 h (no code clips, at least
+# 1/16 of the levels stay in use, 1/4 where a = h); elsewhere (h = 0 on the first pass, h not
+# finite, a outside the window, a NaN) it is a's, as absmax_scale gives it. Why so wide: a group
+# outside the window costs a second read of its whole tile, and the groups that leave it are
+# scattered. Training TinyViT on Fashion-MNIST, log2(a / h) had 3.6% of groups beyond +-1 (a
+# window of [h / 2, 2 h], and about 97% of 64-column tiles re-read), 0.08% beyond +-2 and 0.002%
+# beyond +-3 (docs/performance.md).
+DELAYED_MARGIN = 4.0
+DELAYED_RANGE = 16.0
+
+
+def delayed_keep(amax: torch.Tensor, hist: torch.Tensor) -> torch.Tensor:
+    """Where the candidate DELAYED_MARGIN * hist is the scale's numerator (bool, amax's shape).
+    Every product is by a power of two and so exact: a kernel that evaluates the same
+    comparisons keeps the same groups."""
+    c = hist.to(torch.float32) * DELAYED_MARGIN
+    a = amax.to(torch.float32)
+    return (hist > 0) & torch.isfinite(c) & (a <= c) & (a * DELAYED_RANGE >= c)
+
+
+def delayed_scale(amax: torch.Tensor, hist: torch.Tensor, bits: int) -> torch.Tensor:
+    """The groups' scales from this pass's absmax ``amax`` and the previous pass's ``hist``
+    (same shape): DELAYED_MARGIN * hist / qmax where delayed_keep, else amax / qmax (1 where
+    amax == 0, non-finite where amax is)."""
+    a = amax.to(torch.float32)
+    m = qmax(bits)
+    own = torch.where(a == 0, torch.ones_like(a), a / m)
+    return torch.where(delayed_keep(a, hist), hist.to(torch.float32) * DELAYED_MARGIN / m, own)
 
 
 def reciprocal(scale: torch.Tensor) -> torch.Tensor:
@@ -271,15 +308,18 @@ def may_be_nonfinite(scale: torch.Tensor) -> bool:
 
 
 def quantize(
-    x: torch.Tensor, bits: int, mode: str, stochastic: bool, seed: int
+    x: torch.Tensor, bits: int, mode: str, stochastic: bool, seed: int,
+    scale: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q int8, scale fp32) with x ~= q * scale; see the module docstring for the exact math.
+    ``scale``: the groups' scales where they are not x's absmax ones (delayed_scale).
 
     Equal to ``round_to_levels(x * reciprocal(scale), ...)``, computed in fewer passes over x
     (this runs on every gradient element; the reference's CPU step time is the demo's budget).
     """
     x = x.to(torch.float32)
-    scale = absmax_scale(x, bits, mode)
+    if scale is None:
+        scale = absmax_scale(x, bits, mode)
     # x * r and then + u as two separately rounded operations: torch.addcmul_ could be
     # contracted into an FMA by the compiler of its vectorized kernel, which is not the spec.
     # Into a contiguous buffer: x may be a transposed view (HLA), and q must be row-major.

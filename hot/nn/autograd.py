@@ -64,7 +64,7 @@ from torch.autograd.function import once_differentiable
 from ..common import ops
 from .backward import abc_codes, hot_backward, kept_by_producer, no_autocast, patches, seq_pad
 from ..common.quant import StepSeed
-from .state import ABC_X, LayerPlan, is_narrow, make_plan, seed_base
+from .state import ABC_X, LayerPlan, hla_history, is_narrow, make_plan, seed_base
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "float64": torch.float64}
@@ -362,7 +362,10 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
     seed_x = 0
     if recompute and need_gw and cfg.hla.bits and cfg.hla.rounding == "stochastic":
         seed_x = StepSeed(seed_base(cfg, layer.hot_id, ABC_X), saved1, None)
-    plan = LayerPlan(cfg, layer._backend_for(gy2d.device), exact, seq, seed_x)
+    x_hist = None
+    if recompute and need_gw and not exact:
+        x_hist = hla_history(layer, cfg, ABC_X, gy2d.device)
+    plan = LayerPlan(cfg, layer._backend_for(gy2d.device), exact, seq, seed_x, x_hist)
     saved = None
     if need_gw:
         saved = saved0 if exact else ops.Quantized(saved0, saved1)

@@ -18,7 +18,7 @@ import torch.nn as nn
 from ..common.backend import resolve_backend
 from ..common.config import HOTConfig
 from . import autograd
-from .state import LQS_UNDECIDED
+from .state import ABC_X, GY_HLA, LQS_UNDECIDED
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -26,7 +26,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 # What _hot_init adds to a module (unconvert removes exactly these).
 HOT_BUFFERS = ("hot_step", "hot_lqs")
 HOT_ATTRS = ("hot_config", "hot_name", "hot_backend", "hot_id", "hot_lqs_stats", "_hot_resolved",
-             "_hot_step_value", "_hot_lqs_value", "_hot_exact_phase", "_hot_key")
+             "_hot_step_value", "_hot_lqs_value", "_hot_exact_phase", "_hot_key", "_hot_hist")
 
 
 class HOTLayerError(ValueError):
@@ -77,6 +77,24 @@ class _HOTMixin:
         self._hot_lqs_value = LQS_UNDECIDED
         self._hot_exact_phase = config.exact_at(0)
         self._hot_key = autograd.register(self)
+        self._hot_hist: dict = {}
+        self._hot_make_histories()
+
+    def _hot_make_histories(self) -> None:
+        """Zeroed histories for HLAConfig.amax = "delayed" (hot.nn.state.hla_history), made
+        when the config asks for them rather than at a layer's first pass: a first pass inside
+        a CUDA graph's warm-up would otherwise allocate them from the graph's private pool.
+        Not buffers: DDP would broadcast them every step and the state dict would keep them;
+        _apply moves them with the module."""
+        if self.hot_config.hla.amax != "delayed":
+            return
+        dev = self.weight.device
+        if dev.type == "meta":
+            return
+        for operand, n in ((ABC_X, self.hot_in_features()), (GY_HLA, self.weight.shape[0])):
+            h = self._hot_hist.get(operand)
+            if h is None or h.device != dev or h.numel() != n:
+                self._hot_hist[operand] = torch.zeros(n, dtype=torch.float32, device=dev)
 
     def __setstate__(self, state):
         # deepcopy and unpickling land here: the copy is another layer with its own state, so it
@@ -102,6 +120,16 @@ class _HOTMixin:
         if was_meta and not self.hot_step.is_meta:
             self.hot_step.fill_(self._hot_step_value)
             self.hot_lqs.fill_(self._hot_lqs_value)
+        hists = self.__dict__.get("_hot_hist")
+        if hists:
+            # Moved with the module; a cast to another dtype (model.half()) starts them afresh
+            # (their contents only steer the next scale: zeros mean "take this pass's own").
+            for k, h in list(hists.items()):
+                h = fn(h)
+                hists[k] = h if h.dtype == torch.float32 else torch.zeros(
+                    h.shape, dtype=torch.float32, device=h.device)
+        if "_hot_hist" in self.__dict__:
+            self._hot_make_histories()
         return out
 
     def hot_step_value(self) -> int:
@@ -201,6 +229,7 @@ class _HOTMixin:
     def set_hot_config(self, config: HOTConfig) -> None:
         self.hot_config = config
         self._hot_exact_phase = config.exact_at(self._hot_step_value)
+        self._hot_make_histories()
 
     def hot_extra_repr(self) -> str:
         c = self.hot_config

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -42,6 +43,7 @@ class LayerPlan:
     exact: bool  # in exact_steps or past exact_from: x is saved, gradients are exact
     seq: int  # rows per sequence for blocking='sequence', else 0
     seed_x: "int | StepSeed"  # stochastic-rounding seed of the ABC codes
+    x_hist: Optional[torch.Tensor] = None  # HLAConfig.amax "delayed": x's channel absmax
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class BackwardPlan:
     seed_gy: "int | StepSeed"
     seed_w: "int | StepSeed"
     seed_hla: "int | StepSeed"
+    gy_hist: Optional[torch.Tensor] = None  # HLAConfig.amax "delayed": g_y's channel absmax
 
 
 def _rank() -> int:
@@ -80,6 +83,23 @@ def layer_seed(layer, cfg: HOTConfig, operand: int, step: int) -> StepSeed:
     return StepSeed(seed_base(cfg, layer.hot_id, operand), layer.hot_step, step)
 
 
+def hla_history(layer, cfg: HOTConfig, operand: int, device: torch.device) -> Optional[torch.Tensor]:
+    """The channel absmax of the layer's previous HLA pass over ``operand`` (ABC_X: x's
+    in_features, GY_HLA: g_y's out_features) under HLAConfig.amax = "delayed", else None. Zeros
+    at first (quant.delayed_scale then takes the pass's own absmax). The layer makes them with
+    its config and moves them with itself (HOTLinear._hot_make_histories); one is made here
+    only for data on another device than the layer's weight. Not in the state dict: after a
+    restart the first pass takes its own absmax, as the first step did."""
+    if cfg.hla.amax != "delayed":
+        return None
+    hists = layer.__dict__.setdefault("_hot_hist", {})
+    h = hists.get(operand)
+    if h is None or h.device != device:
+        n = layer.hot_in_features() if operand == ABC_X else layer.weight.shape[0]
+        h = hists[operand] = torch.zeros(n, dtype=torch.float32, device=device)
+    return h
+
+
 def is_narrow(layer, cfg: HOTConfig) -> bool:
     """Whether the layer is narrower than cfg.min_in_features: then exact on every call."""
     return cfg.min_in_features > 0 and layer.hot_in_features() < cfg.min_in_features
@@ -93,7 +113,8 @@ def make_plan(layer, cfg: HOTConfig, backend: str, seq: int, empty: bool = False
     exact = cfg.exact_at(step) or empty or is_narrow(layer, cfg)
     seed_x = 0 if exact or not cfg.hla.bits or cfg.hla.rounding != "stochastic" \
         else layer_seed(layer, cfg, ABC_X, step)
-    return LayerPlan(cfg, backend, exact, seq, seed_x)
+    hist = None if exact else hla_history(layer, cfg, ABC_X, layer.weight.device)
+    return LayerPlan(cfg, backend, exact, seq, seed_x, hist)
 
 
 # g_y scale mode of the g_x path: forced by HQConfig.gy_scale, or LQS's decision.
@@ -148,4 +169,5 @@ def begin_backward(layer, plan: LayerPlan, gy2d: torch.Tensor) -> BackwardPlan:
         bits = 8
     mode = _lqs_mode(layer, cfg, gy2d, bits) if bits else ScaleMode.TENSOR
     return BackwardPlan(False, bits, mode, layer_seed(layer, cfg, GY_HQ, step),
-                        layer_seed(layer, cfg, W_HQ, step), layer_seed(layer, cfg, GY_HLA, step))
+                        layer_seed(layer, cfg, W_HQ, step), layer_seed(layer, cfg, GY_HLA, step),
+                        hla_history(layer, cfg, GY_HLA, gy2d.device))

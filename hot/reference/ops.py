@@ -29,8 +29,16 @@ def hq_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
 
 
 def hla_quantize(x: torch.Tensor, a: HLAArgs) -> Quantized:
-    return _finish(hla_transform(x, a.rank, a.selection), a.bits, a.scale_mode, a.stochastic,
-                   a.seed)
+    t = hla_transform(x, a.rank, a.selection)
+    if a.history is None:
+        return _finish(t, a.bits, a.scale_mode, a.stochastic, a.seed)
+    amax = quant.absmax(t, "row")
+    hist = a.history.reshape(-1, 1)
+    out = Quantized(*quant.quantize(t, a.bits, "row", a.stochastic,
+                                    quant.seed_value(a.seed) if a.stochastic else 0,
+                                    scale=quant.delayed_scale(amax, hist, a.bits)))
+    hist.copy_(amax)
+    return out
 
 
 def plain_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:

@@ -121,6 +121,8 @@ def test_profile_categories_separate_hot_kernels_from_the_rest():
 
     assert kernel_category("quantize_kernel") == "hot_pass"
     assert kernel_category("stats_kernel") == "hot_pass"
+    assert kernel_category("onepass_kernel") == "hot_pass"
+    assert kernel_category("fixup_kernel") == "hot_pass"
     assert kernel_category("int8_gemm_nt_kernel") == "int8_gemm"
     assert kernel_category("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<"
                            "cute::tuple<int, int, int>, signed char, signed char>>") == "int8_gemm"

@@ -1,0 +1,156 @@
+"""HLAConfig(amax="delayed") in HOT layers (reference backend, CPU): the configuration's checks,
+the histories a layer keeps (where they live, what they hold after a step, what moves them),
+the first step equal to the paper's scales, eager against compiled training, and the window of
+quant.delayed_scale."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn as nn
+
+import hot
+from hot.common import quant
+from hot.common.transforms import hla_transform
+from hot.nn.state import ABC_X, GY_HLA
+
+from hot_testing import grads, hot_copy, wrap
+
+DELAYED = hot.HOTConfig(seed=3, hla=hot.HLAConfig(amax="delayed"))
+CURRENT = hot.HOTConfig(seed=3)
+
+
+def test_config_checks_name_the_field_and_the_fix():
+    for kw in (dict(scale="tensor"), dict(bits=None)):
+        with pytest.raises(hot.HOTConfigError, match="amax='delayed'"):
+            hot.HLAConfig(amax="delayed", **kw)
+    with pytest.raises(hot.HOTConfigError, match="HLAConfig.amax"):
+        hot.HLAConfig(amax="previous")
+    with pytest.raises(hot.HOTConfigError, match="method='int4'"):
+        hot.HOTConfig(method="int4", hla=hot.HLAConfig(amax="delayed"))
+
+
+def test_window_of_the_delayed_scale():
+    """c = 4 h is kept exactly for a in [c / 16, c]; elsewhere, and for h = 0, NaN or Inf, the
+    scale is a's own (1 for a = 0)."""
+    assert (quant.DELAYED_MARGIN, quant.DELAYED_RANGE) == (4.0, 16.0)
+    h = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, float("nan"), float("inf"), 1.0, 1.0])
+    a = torch.tensor([4.0, 0.25, 4.0001, 0.2499, 1.3, 1.0, 1.0, 1.0, float("nan"), 0.0])
+    keep = quant.delayed_keep(a, h)
+    assert keep.tolist() == [True, True, False, False, True, False, False, False, False, False]
+    s = quant.delayed_scale(a, h, 8)
+    assert torch.equal(s[keep], torch.full((3,), 4.0) / 127)
+    own = ~keep
+    want = torch.where(a == 0, torch.ones_like(a), a / 127)
+    assert torch.equal(s[own][:-2], want[own][:-2]) and torch.isnan(s[8]) and s[9] == 1.0
+
+
+def _layer(cfg):
+    torch.manual_seed(0)
+    return hot_copy(wrap(nn.Linear(40, 24)), cfg)
+
+
+def _xg(step):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(64, 40, generator=g), torch.randn(64, 24, generator=g)
+
+
+def test_histories_are_made_with_the_config_and_hold_each_channels_absmax():
+    m = _layer(DELAYED)
+    layer = m[0]
+    assert set(layer._hot_hist) == {ABC_X, GY_HLA}
+    assert all(not h.any() for h in layer._hot_hist.values())
+    x, gy = _xg(0)
+    grads(m, x.requires_grad_(), gy)
+    # After one step: the channel absmax of x's and of g_y's HLA coefficients (rank 8).
+    want_x = quant.absmax(hla_transform(x, 8, "lowpass"), "row").reshape(-1)
+    want_g = quant.absmax(hla_transform(gy, 8, "lowpass"), "row").reshape(-1)
+    assert torch.equal(layer._hot_hist[ABC_X], want_x)
+    assert torch.equal(layer._hot_hist[GY_HLA], want_g)
+    # Not buffers (DDP would broadcast them), not in the state dict.
+    assert not any("hist" in n for n, _ in m.named_buffers())
+    assert not any("hist" in k for k in m.state_dict())
+    # The paper's config keeps none.
+    assert not _layer(CURRENT)[0]._hot_hist
+
+
+def test_first_step_equals_the_papers_scales_then_differs():
+    """With no history every channel takes its own absmax: the first step's gradients are the
+    paper's, bit for bit; on the second the candidates 4 h / qmax are kept (the inputs are
+    alike), so g_W differs while g_x (HQ) stays the same."""
+    md, mc = _layer(DELAYED), _layer(CURRENT)
+    for step in range(2):
+        x, gy = _xg(step)
+        gxd, gd = grads(md, x.requires_grad_(), gy)
+        gxc, gc = grads(mc, x.requires_grad_(), gy)
+        assert torch.equal(gxd, gxc)
+        assert torch.equal(gd["0.bias"], gc["0.bias"])
+        if step == 0:
+            assert torch.equal(gd["0.weight"], gc["0.weight"])
+        else:
+            assert not torch.equal(gd["0.weight"], gc["0.weight"])
+            # both estimate the same gradient: within a few of HLA's own errors of each other
+            exact = gy.t() @ x
+            err_c = (gc["0.weight"] - exact).norm()
+            assert (gd["0.weight"] - exact).norm() < 2 * err_c
+
+
+def test_histories_move_and_stay_float32():
+    m = _layer(DELAYED)
+    grads(m, _xg(0)[0].requires_grad_(), _xg(0)[1])
+    layer = m[0]
+    before = layer._hot_hist[ABC_X].clone()
+    m.to(torch.float64)
+    assert layer._hot_hist[ABC_X].dtype == torch.float32
+    assert not layer._hot_hist[ABC_X].any()  # a cast starts them afresh
+    m.to(torch.float32)
+    c = copy.deepcopy(m)
+    grads(c, _xg(1)[0].requires_grad_(), _xg(1)[1])
+    assert not layer._hot_hist[ABC_X].any()  # the copy's histories are its own
+    assert c[0]._hot_hist[ABC_X].any()
+    assert before.any()
+
+
+def test_set_config_makes_histories():
+    m = _layer(CURRENT)
+    hot.set_config(m, DELAYED)
+    assert set(m[0]._hot_hist) == {ABC_X, GY_HLA}
+
+
+def test_compiled_training_equals_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(32, 48), nn.GELU(), nn.Linear(48, 16))
+    me = hot_copy(base, DELAYED)
+    mc = hot_copy(base, DELAYED)
+    fc = torch.compile(mc, backend="aot_eager", fullgraph=True)
+    g = torch.Generator().manual_seed(1)
+    for step in range(3):
+        x, t = torch.randn(4, 16, 32, generator=g), torch.randn(4, 16, 16, generator=g)
+        for mod, fwd in ((me, me), (mc, fc)):
+            mod.zero_grad(set_to_none=True)
+            (fwd(x) - t).square().mean().backward()
+        for (n, pe), (_, pc) in zip(me.named_parameters(), mc.named_parameters()):
+            assert torch.equal(pe.grad, pc.grad), f"step {step}: {n}"
+        for le, lc in zip(hot.hot_layers(me), hot.hot_layers(mc)):
+            for k in (ABC_X, GY_HLA):
+                assert torch.equal(le[1]._hot_hist[k], lc[1]._hot_hist[k])
+    torch._dynamo.reset()
+
+
+def test_cli_flag_sets_the_config_and_baselines_refuse_it():
+    import argparse
+
+    from hot.cli.common import add_hot_args, hot_config
+    from hot.cli.errors import CLIError
+
+    p = argparse.ArgumentParser()
+    add_hot_args(p)
+    p.add_argument("--method", default="hot")
+    assert hot_config(p.parse_args(["--hla-amax", "delayed"])).hla.amax == "delayed"
+    assert hot_config(p.parse_args([])).hla.amax == "current"
+    with pytest.raises(CLIError, match="--hla-amax"):
+        hot_config(p.parse_args(["--method", "int4", "--hla-amax", "delayed"]))
