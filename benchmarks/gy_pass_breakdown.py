@@ -7,6 +7,10 @@ Floor = (one read of g_y in bf16 + the HQ codes + the HLA codes) / copy bandwidt
 hot.bench.backward. --tiles times the two kernels on other quantizer tiles (ViT-B qkv g_y).
 --ablate times each kernel with one part (HQ or HLA) and with nearest instead of stochastic
 rounding: where the quantize kernel's time goes (the same bytes are read in every variant).
+--delayed times the passes with a delayed HLA scale (HLAConfig(amax="delayed"): one read of
+each tile, onepass_kernel then fixup_kernel) against the current two-kernel passes, for the g_y
+pass (HQ + HLA) and the ABC pass (HLA alone), in steady state (histories of earlier passes over
+inputs of the same distribution, so no column is redone) and on a first pass (all redone).
 --ncu runs each shape's two kernels once between cudaProfilerStart and Stop (after a warm-up
 that compiles them), for `ncu --profile-from-start off` (scripts/gpu_run.sh ncu).
 """
@@ -66,6 +70,41 @@ def ablate():
                       f"{bench(qu):.3f} ms", flush=True)
 
 
+DELAYED_SHAPES = [(25216, 768), (25216, 2304), (25216, 3072), (32768, 2048), (32768, 8192),
+                  (4096, 28672)]
+
+
+def delayed(shapes=DELAYED_SHAPES):
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
+    for r, c in shapes:
+        gs = [(torch.randn(r, c, device="cuda", dtype=torch.bfloat16),) for _ in range(3)]
+        hist = torch.zeros(c, device="cuda")
+        hla_d = HLA._replace(history=hist)
+        floor_gy = (r * c * 2 + r * c + c * r // 2) / bw * 1e3
+        floor_abc = (r * c * 2 + c * r // 2) / bw * 1e3
+        cur = bench(lambda g: fq.gy_quantize(g, HQ, HLA), gs)
+        fq.gy_quantize(gs[0][0], HQ, hla_d)
+        p = passes.plan_for(gs[0][0], HQ, hla_d)
+        band = p.delayed.band and fq._BAND_FITS.get(p.uid)
+        dly = bench(lambda g: fq.gy_quantize(g, HQ, hla_d), gs)
+
+        def first(g):
+            hist.zero_()
+            fq.gy_quantize(g, HQ, hla_d)
+
+        fst = bench(first, gs)
+        acur = bench(lambda g: fq.hla_quantize(g, HLA), gs)
+        hist.zero_()
+        fq.hla_quantize(gs[0][0], hla_d)
+        adly = bench(lambda g: fq.hla_quantize(g, hla_d), gs)
+        print(f"{r}x{c}: g_y pass current {cur:.3f} ms ({100 * floor_gy / cur:.0f}% of the "
+              f"one-read floor {floor_gy:.3f}), delayed {dly:.3f} ms "
+              f"({100 * floor_gy / dly:.0f}%; band {bool(band)}), first pass {fst:.3f}; ABC "
+              f"current {acur:.3f} ms ({100 * floor_abc / acur:.0f}%), delayed {adly:.3f} ms "
+              f"({100 * floor_abc / adly:.0f}%)", flush=True)
+
+
 def ncu():
     runs = []
     for r, c in SHAPES:
@@ -85,7 +124,16 @@ def main(argv=None):
     ap.add_argument("--tiles", nargs="*", default=None)
     ap.add_argument("--ablate", action="store_true")
     ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--delayed", action="store_true")
     a = ap.parse_args(argv)
+    if a.delayed and a.tiles:
+        for spec in a.tiles:  # the one-read passes on other tiles
+            print(f"tile {spec}:", flush=True)
+            with override(tile=Tile(*(int(v) for v in spec.split(",")))):
+                delayed([(25216, 2304), (32768, 8192), (4096, 28672)])
+        return 0
+    if a.delayed:
+        return delayed()
     if a.ncu:
         return ncu()
     if a.ablate:

@@ -12,6 +12,8 @@
 #              same machine, to compare before and after
 #   breakdown  benchmarks/gy_pass_breakdown.py (g_y pass stages), also for .baseline/
 #              ($BREAKDOWN_ARGS: more options, e.g. --ablate or --tiles ...)
+#   delayed    the delayed-HLA-scale passes: tests/fast/test_delayed_interp.py compiled, then
+#              benchmarks/gy_pass_breakdown.py --delayed (one read against the two-kernel passes)
 #   ncu        Nsight Compute counters of the g_y pass kernels (benchmarks/gy_pass_breakdown.py --ncu)
 #   graphs     tests/fast/test_cuda_graphs_gpu.py alone
 #   profile    benchmarks/host_profile.py (host time of one layer backward), also for .baseline/
@@ -76,6 +78,10 @@ case "$what" in *" tests "*)
   # Not marked gpu (they run under the interpreter on CPU too): here compiled, NaN/Inf included.
   tst tests/fast/test_quant_interp.py 300 "not slow"
 esac
+case "$what" in *" delayed "*)
+  tst tests/fast/test_delayed_interp.py 300 "not slow"
+  timeout 300 python3 benchmarks/gy_pass_breakdown.py --delayed ${DELAYED_ARGS:-} 2>&1 | tee "$OUT/delayed.log" | tail -24
+esac
 case "$what" in *" graphs "*)
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging --tb=short \
     tests/fast/test_cuda_graphs_gpu.py 2>&1 | tail -40
@@ -122,10 +128,18 @@ esac
 case "$what" in *" e2e "*)
   timeout 500 python3 -m hot.bench.e2e --modes "${E2E_MODES:-bf16_compile,hot_compile}" \
     --json "$OUT/e2e.json" ${E2E_ARGS:-} > "$OUT/e2e.log" 2>&1 || tail -20 "$OUT/e2e.log"
+  if [ -n "${E2E_MODES2:-}" ]; then  # more modes with other options ($E2E_ARGS2), same machine
+    timeout 500 python3 -m hot.bench.e2e --modes "$E2E_MODES2" --json "$OUT/e2e2.json" \
+      ${E2E_ARGS2:-} > "$OUT/e2e2.log" 2>&1 || tail -20 "$OUT/e2e2.log"
+  fi
 esac
 case "$what" in *" llm "*)
   timeout 560 python3 -m hot.bench.e2e --model llama-1b --modes "${LLM_MODES:-bf16_compile,hot_compile}" \
     --json "$OUT/llm.json" ${E2E_ARGS:-} > "$OUT/llm.log" 2>&1 || tail -20 "$OUT/llm.log"
+  if [ -n "${LLM_MODES2:-}" ]; then  # more modes with other options ($E2E_ARGS2), same machine
+    timeout 560 python3 -m hot.bench.e2e --model llama-1b --modes "$LLM_MODES2" \
+      --json "$OUT/llm2.json" ${E2E_ARGS2:-} > "$OUT/llm2.log" 2>&1 || tail -20 "$OUT/llm2.log"
+  fi
 esac
 case "$what" in *" study "*)
   if [ -d .data/text ]; then
@@ -162,7 +176,7 @@ for f in bench_backward_base bench_backward; do
   [ -f "$OUT/$f.md" ] && echo "== $f" && grep -E "^\| (vitb|llama)|Geometric" "$OUT/$f.md" \
     | awk -F'|' '{ if (NF > 8) print $2, "HOT", $7, "BF16", $6, $8; else print }'
 done
-for f in e2e llm; do
+for f in e2e e2e2 llm llm2; do
   [ -f "$OUT/$f.json" ] && echo "== $f" && python3 - "$OUT/$f.json" <<'EOF'
 import json, sys
 for d in json.load(open(sys.argv[1])):

@@ -57,9 +57,10 @@ def layer_backward(gy: torch.Tensor, wt: torch.Tensor, x_codes: Quantized, hq: H
     if kind is None or qx.shape[1] != pg.lr or pw.c16 != pg.c16:
         return None
     cg, cw = native.plan(pg, gy), native.plan(pw, wt)
-    if not cg or not cw:
+    if not cg or not cw or pg.delayed is not None:
         # This pair of plans has not run yet: launch it in Python (which registers it) and
         # compose; int_gemm_nt runs the same CUTLASS GEMM (_gemm_kind) as the C++ call would.
+        # A delayed HLA scale's kernels always launch from Python.
         g = gy_pass(gy, hq, hla, bsum)
         w = gy_pass(wt, hq_w, None)
         return LayerGrads(int_gemm_nt(g.hq_q, w.hq_q, g.hq_s, w.hq_s, gx_dtype),

@@ -66,6 +66,52 @@ class QuantizeArgs(NamedTuple):
     step: torch.Tensor
 
 
+class OnepassArgs(NamedTuple):
+    """Runtime parameters of onepass_kernel, in its signature's order."""
+
+    x: torch.Tensor
+    sxr: int
+    sxc: int
+    R: int
+    C: int
+    hq_amax: torch.Tensor
+    hla_amax: torch.Tensor
+    sync: torch.Tensor
+    hist: torch.Tensor
+    bsum: torch.Tensor
+    hq_q: torch.Tensor
+    hq_s: torch.Tensor
+    C16: int
+    hq_key: int
+    hla_q: torch.Tensor
+    LR: int
+    NBLK: int
+    hla_key: int
+    step: torch.Tensor
+    N_RT: int
+    N_CT: int
+
+
+class FixupArgs(NamedTuple):
+    """Runtime parameters of fixup_kernel, in its signature's order."""
+
+    x: torch.Tensor
+    sxr: int
+    sxc: int
+    R: int
+    C: int
+    hla_amax: torch.Tensor
+    hist: torch.Tensor
+    count: torch.Tensor
+    hla_q: torch.Tensor
+    hla_s: torch.Tensor
+    LR: int
+    NBLK: int
+    hla_key: int
+    step: torch.Tensor
+    N_RT: int
+
+
 class PassOutputs(NamedTuple):
     """What a pass writes: codes and scales of each part asked for (None otherwise) and, for a
     bias-sum plan, the (C, row tiles) float32 partial column sums."""
@@ -95,6 +141,26 @@ class PassPlan:
     grid: object  # (rows of tiles, columns of tiles, 1), or a function of the tile (autotune)
     stats_meta: Meta
     quantize_meta: Meta
+    delayed: Optional["DelayedPlan"] = None  # HLAArgs.history given: the one-read kernels
+
+
+@dataclass(frozen=True, eq=False)
+class DelayedPlan:
+    """What a pass with a delayed HLA scale adds to its plan: onepass_kernel over the tiles of
+    the fixed tile (a 1-D grid of tickets with ``band``, else (n_rt, n_ct)), then fixup_kernel
+    over (fix_g, n_ct). Without ``band`` but with HQ (per-tensor HQ scales, or the interpreter,
+    which runs programs one after another and so cannot wait for a band), the plan's stats and
+    quantize kernels run instead, with the scales folded in between (``fold_delayed``)."""
+
+    onepass: Callable
+    fixup: Callable
+    onepass_meta: Meta
+    fixup_meta: Meta
+    n_rt: int
+    n_ct: int
+    fix_g: int
+    band: bool  # HQ per row, formed in onepass_kernel's bands
+    onepass_ok: bool  # onepass_kernel runs this pass (else stats, fold, quantize)
 
 
 def _pow2(n: int) -> int:
@@ -145,6 +211,14 @@ def fixed_tile() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def _delayed_launchers():
+    """(onepass, fixup) launchers (launch.Direct), always on the fixed tile."""
+    from .kernels.quantize import fixup_kernel, onepass_kernel
+
+    return Direct(onepass_kernel), Direct(fixup_kernel)
+
+
+@functools.lru_cache(maxsize=None)
 def _launchers():
     """(stats, quantize): launchers called as launcher(grid, args, meta, key) (launch.Direct), or
     on autotuned kernels when tiles are autotuned (then ``key`` is ignored)."""
@@ -191,7 +265,8 @@ def bsum_capable() -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
-          hq: Optional[tuple], hla: Optional[tuple], bsum: bool, use_step: bool) -> PassPlan:
+          hq: Optional[tuple], hla: Optional[tuple], bsum: bool, use_step: bool,
+          delayed: bool = False) -> PassPlan:
     c16, l16 = pad_to(c), pad_to(r)
     rank, selection = (hla[0], hla[1]) if hla else (BLOCK, "lowpass")
     stats, quantize = _launchers()
@@ -229,11 +304,31 @@ def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
                 1)
 
     grid = grid_of(tile_kw) if fixed else grid_of
+    dp = None
+    if delayed:
+        if not hla_row:
+            raise ValueError("a delayed HLA scale needs per-column HLA scales (HLAConfig "
+                             "checks this)")
+        onepass, fixup = _delayed_launchers()
+        n_rt, n_ct = -(-l16 // tile.rows), -(-c16 // tile.cols)
+        own = dict(USE_STEP=use_step, RANK=rank, SEL=sw["SEL"], IDX64=sw["IDX64"],
+                   HLA_QMAX=float(quant.qmax(hla[2])), HLA_STOCH=bool(hla[4]),
+                   BLOCK_R=tile.rows, BLOCK_C=tile.cols, num_warps=tile.warps,
+                   enable_fp_fusion=False)
+        band = hq_row and dev.type == "cuda" and not options().interpret
+        dp = DelayedPlan(
+            onepass, fixup,
+            Meta(**own, DO_HQ=band, DO_BSUM=bsum, HQ_QMAX=quantize_meta.kw["HQ_QMAX"],
+                 HQ_STOCH=quantize_meta.kw["HQ_STOCH"],
+                 EVEN=r % tile.rows == 0 and c % tile.cols == 0),
+            Meta(**own, EVEN=False), n_rt, n_ct,
+            # the fix-up's programs per column of tiles: about 4 per SM in all
+            max(1, min(n_rt, -(-528 // n_ct))), band, band or hq is None)
     return PassPlan(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, stats=stats,
                     quantize=quantize, uid=next(_PLAN_IDS), bsum=bsum, do_hq=hq is not None,
                     do_hla=hla is not None, hq_spad=pad_to(nh, SCALE_PAD),
                     hla_spad=pad_to(nl, SCALE_PAD), grid=grid, stats_meta=stats_meta,
-                    quantize_meta=quantize_meta)
+                    quantize_meta=quantize_meta, delayed=dp)
 
 
 @on_change
@@ -241,6 +336,7 @@ def clear_plans() -> None:
     """Forget cached plans and launchers (their tile and switches come from the options)."""
     _plan.cache_clear()
     _launchers.cache_clear()
+    _delayed_launchers.cache_clear()
 
 
 def plan_for(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
@@ -253,7 +349,7 @@ def plan_for(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
     return _plan(r, c, x.stride(), x.dtype, x.device,
                  (hq.bits, hq.scale_mode, hq.stochastic) if hq else None,
                  (hla.rank, hla.selection, hla.bits, hla.scale_mode, hla.stochastic)
-                 if hla else None, bsum, use_step)
+                 if hla else None, bsum, use_step, hla is not None and hla.history is not None)
 
 
 def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
@@ -284,3 +380,80 @@ def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
         hla_q if hla else amax, hla_s if hla else amax, p.lr, p.l16 // BLOCK,
         key_arg(hla.seed) if hla else 0, step if step is not None else amax)
     return stats, quantize, PassOutputs(hq_q, hq_s, hla_q, hla_s, bsum)
+
+
+def check_history(x: torch.Tensor, hla: HLAArgs) -> torch.Tensor:
+    """hla.history, checked: a contiguous float32 vector with one entry per column of x, on x's
+    device (the kernels read and write it in place)."""
+    h, c = hla.history, x.shape[1]
+    if h.dtype != torch.float32 or h.numel() != c or not h.is_contiguous() \
+            or h.device != x.device:
+        raise ValueError(f"HLAArgs.history must be a contiguous float32 vector of {c} entries "
+                         f"on {x.device} (one per column of x), not {h.dtype} "
+                         f"{tuple(h.shape)} on {h.device}")
+    return h
+
+
+def _at16(n: int) -> int:
+    return (n + 3) // 4 * 4  # int32 entries to the next 16-byte boundary
+
+
+def onepass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
+                 hla: HLAArgs) -> tuple[OnepassArgs, FixupArgs, PassOutputs]:
+    """The runtime arguments of a one-read pass (p.delayed.onepass_ok) over x and the outputs
+    they fill. One zeroed int32 workspace: the rows' HQ absmax bits, the columns' HLA absmax
+    bits, the bands' counters and the ticket, the fix-up's counters (each part 16-byte
+    aligned)."""
+    d = p.delayed
+    r, c = x.shape
+    dev = x.device
+    hist = check_history(x, hla)
+    nh = r if d.band else 0
+    o1 = _at16(nh)
+    o2 = o1 + _at16(c)
+    o3 = o2 + _at16(d.n_rt + 1)
+    ws = absmax_workspace(dev, o3 + d.n_ct)
+    hq_amax, hla_amax, sync, count = ws[:max(nh, 1)], ws[o1:o1 + c], ws[o2:o3], ws[o3:]
+    step = step_counter(hq, hla)
+    hq_q = hq_s = None
+    if d.band:
+        hq_q = torch.empty((r, p.c16), dtype=torch.int8, device=dev)
+        hq_s = torch.empty(p.hq_spad, dtype=torch.float32, device=dev).as_strided((r, 1), (1, 1))
+    hla_q = torch.empty((c, p.lr), dtype=torch.int8, device=dev)
+    hla_s = torch.empty(p.hla_spad, dtype=torch.float32, device=dev).as_strided((c, 1), (1, 1))
+    bsum = torch.empty((c, d.n_rt), dtype=torch.float32, device=dev) if p.bsum else None
+    hla_key = key_arg(hla.seed)
+    st = step if step is not None else ws
+    one = OnepassArgs(x, x.stride(0), x.stride(1), r, c, hq_amax, hla_amax, sync, hist,
+                      bsum if bsum is not None else ws, hq_q if d.band else ws,
+                      hq_s if d.band else ws, p.c16, key_arg(hq.seed) if d.band else 0, hla_q,
+                      p.lr, p.l16 // BLOCK, hla_key, st, d.n_rt, d.n_ct)
+    fix = FixupArgs(x, x.stride(0), x.stride(1), r, c, hla_amax, hist, count, hla_q, hla_s,
+                    p.lr, p.l16 // BLOCK, hla_key, st, d.n_rt)
+    return one, fix, PassOutputs(hq_q, hq_s, hla_q, hla_s, bsum)
+
+
+def fold_delayed(hla_amax: torch.Tensor, hist: torch.Tensor) -> None:
+    """Between the stats and quantize kernels of a pass with a delayed HLA scale: put the
+    numerator of quant.delayed_scale in place of each column's absmax bits (the quantize
+    kernel's scale, numerator / qmax or 1 where it is 0, is then delayed_scale's), and make
+    the absmax the next pass's history. A few small device operations; nothing waits."""
+    a = hla_amax.view(torch.float32)
+    num = torch.where(quant.delayed_keep(a, hist), hist * quant.DELAYED_MARGIN, a)
+    hist.copy_(a)
+    hla_amax.copy_(num.view(torch.int32))
+
+
+def resident_programs(kernel, dev: torch.device) -> int:
+    """How many programs of a compiled Triton kernel the GPU holds at once (its occupancy from
+    registers, threads and shared memory, times the SMs)."""
+    props = torch.cuda.get_device_properties(dev)
+    kernel._init_handles()  # loads the module: n_regs is known from then on
+    warps = int(kernel.metadata.num_warps)
+    per_warp = (int(kernel.n_regs) * 32 + 255) // 256 * 256
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // max(per_warp * warps, 1)
+    by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)
+    shared = int(kernel.metadata.shared)
+    by_shared = (getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+                 // (shared + 1024)) if shared else 32
+    return props.multi_processor_count * min(by_regs, by_threads, by_shared, 32)

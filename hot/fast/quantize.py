@@ -17,7 +17,8 @@ from ..common.ops import HLAArgs, HQArgs, Quantized
 from . import native
 from .gemm import tag_small_codes
 from .launch import spec
-from .passes import PassOutputs, PassPlan, pass_args, plan_for
+from .passes import (PassOutputs, PassPlan, check_history, fold_delayed, onepass_args, pass_args,
+                     plan_for, resident_programs)
 
 
 def _check(x: torch.Tensor, what: str) -> None:
@@ -38,6 +39,9 @@ def gy_pass(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
     over those rows, the bias gradient without another read of x.
     """
     p = plan_for(x, hq, hla, bsum)
+    if p.delayed is not None:
+        out = launch_delayed(x, p, hq, hla)
+        return out._replace(bsum=out.bsum.sum(1)) if bsum else out
     out = native.quant_pass(x, p, hq, hla)  # one C++ call once the plan's kernels are registered
     if out is not None:
         return out
@@ -58,6 +62,44 @@ def launch_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     kq = p.quantize(p.grid, quantize_args, p.quantize_meta,
                     (p.uid, xa, spec(quantize_args.hq_key), spec(quantize_args.hla_key)))
     native.register(p, x, ks, kq, (len(stats_args), len(quantize_args)))
+    return out
+
+
+# Pass plan uid -> whether a band of its onepass_kernel fits on the GPU at once.
+_BAND_FITS: dict = {}
+
+
+def _band_fits(p: PassPlan, args) -> bool:
+    """Whether every program of a band (a row of tiles) can be resident at once, with room to
+    spare for other streams' kernels: at most half the programs the GPU holds (the kernel
+    compiled, not run, to read its occupancy). A band that did not fit would wait forever."""
+    fits = _BAND_FITS.get(p.uid)
+    if fits is None:
+        d = p.delayed
+        k = d.onepass.fn.warmup(*args, grid=(d.n_rt * d.n_ct,), **d.onepass_meta.kw)
+        fits = _BAND_FITS[p.uid] = d.n_ct <= resident_programs(k, args.x.device) // 2
+    return fits
+
+
+def launch_delayed(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
+                   hla: HLAArgs) -> PassOutputs:
+    """A pass with a delayed HLA scale (bias sums left as per-tile partials): onepass_kernel
+    then fixup_kernel where onepass_kernel serves it, else stats, fold_delayed, quantize.
+    Launched from Python (no native plan)."""
+    d = p.delayed
+    if d.onepass_ok:
+        one, fix, out = onepass_args(x, p, hq, hla)
+        if not d.band or _band_fits(p, one):
+            d.onepass((d.n_rt * d.n_ct,) if d.band else (d.n_rt, d.n_ct), one, d.onepass_meta)
+            d.fixup((d.fix_g, d.n_ct), fix, d.fixup_meta)
+            return out
+    hist = check_history(x, hla)
+    stats_args, quantize_args, out = pass_args(x, p, hq, hla)
+    xa = x.data_ptr() % 16 == 0
+    p.stats(p.grid, stats_args, p.stats_meta, (p.uid, xa))
+    fold_delayed(quantize_args.hla_amax[:x.shape[1]], hist)
+    p.quantize(p.grid, quantize_args, p.quantize_meta,
+               (p.uid, xa, spec(quantize_args.hq_key), spec(quantize_args.hla_key)))
     return out
 
 

@@ -14,6 +14,12 @@ grid of (BLOCK_R x BLOCK_C) tiles:
         written out by the first program of each row/column), r = 1 / scale once per group,
         v = t * r, round (hash-stream stochastic or half-even), store int8 codes.
 
+With a delayed HLA scale (HLAConfig(amax="delayed"), HLAArgs.history) a pass reads its input
+once instead: onepass_kernel quantizes HLA with the previous pass's candidate scales while it
+folds this pass's absmax, and the g_y pass's per-row HQ scales come from the band of programs
+that share a row of tiles (they meet at a counter); fixup_kernel then writes the HLA scales and
+re-reads only the tiles that hold a column whose candidate was not kept (docs/algorithm.md §3).
+
 The math is hot.common.quant's; the quantize kernel must be compiled with enable_fp_fusion=False
 (hot.fast.quantize passes it): the spec rounds t * r and then v + u separately, and with fusion
 on, ptxas contracts them into one FMA, which moves a code wherever the unrounded product lies on
@@ -58,6 +64,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ...common import quant
 from ...common.options import options
 
 # Stochastic codes on the GPU: floor(v + u) by cvt.rmi.s32.f32 (libdevice float2int_rd), which
@@ -65,6 +72,10 @@ from ...common.options import options
 # the same codes as floor, float clamp, NaN select and convert, in 4 fewer instructions per code
 # (docs/kernels.md). The interpreter has no libdevice and runs the float form.
 _FLOOR_CVT = tl.constexpr(not options().interpret)
+# quant.delayed_scale's window: candidate c = MARGIN h, kept for c / RANGE <= a <= c (powers of
+# two, so the products are exact and the kernels decide as the reference does).
+_MARGIN = tl.constexpr(quant.DELAYED_MARGIN)
+_RANGE = tl.constexpr(quant.DELAYED_RANGE)
 
 
 # ---------------------------------------------------------------- random stream
@@ -411,6 +422,20 @@ def _hq_quantize_tile(x_ptr, sxr, sxc, R, C, hq_amax_ptr, hq_q_ptr, hq_s_ptr, C1
                       EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """quantize_kernel's HQ part: the tile's HQ codes (and, from the first column of tiles,
     the scales), computed on (P,) slabs, P = the tile's blocks of 16 (module docstring)."""
+    ys, rows, c0, rmask = _hq_blocks(x_ptr, sxr, sxc, R, C, pid_r, pid_c, IDX64, EVEN, BLOCK_R,
+                                     BLOCK_C)
+    # One scale per block, not per element: the divisions run once per block a thread holds.
+    r = _group_recip(hq_amax_ptr, hq_s_ptr, rows, rmask, pid_r, pid_c, HQ_ROW, True, HQ_QMAX)
+    _hq_store(ys, r, rows, c0, rmask, hq_q_ptr, C16, hq_key, step_ptr, USE_STEP, HQ_QMAX,
+              HQ_STOCH, IDX64, EVEN, BLOCK_R * (BLOCK_C // 16))
+
+
+@triton.jit
+def _hq_blocks(x_ptr, sxr, sxc, R, C, pid_r, pid_c, IDX64: tl.constexpr, EVEN: tl.constexpr,
+               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """(ys, rows, c0, rmask): the tile's blocks of 16 as two 8-column halves, butterflied into
+    16 slabs of (P,) (slab i = unscaled coefficient i of every block; times 1/4 is the HQ
+    transform), with each block's row and first column."""
     NB: tl.constexpr = BLOCK_C // 16
     P: tl.constexpr = BLOCK_R * NB
     m = tl.arange(0, P)
@@ -427,8 +452,14 @@ def _hq_quantize_tile(x_ptr, sxr, sxc, R, C, hq_amax_ptr, hq_q_ptr, hq_s_ptr, C1
         hi = tl.load(ptr + 8 * sxc, mask=rmask[:, None] & (c0[:, None] + 8 + i8[None, :] < C),
                      other=0.0)
     ys = _fwht16(_split_last(lo.to(tl.float32), P, 8) + _split_last(hi.to(tl.float32), P, 8))
-    # One scale per block, not per element: the divisions run once per block a thread holds.
-    r = _group_recip(hq_amax_ptr, hq_s_ptr, rows, rmask, pid_r, pid_c, HQ_ROW, True, HQ_QMAX)
+    return ys, rows, c0, rmask
+
+
+@triton.jit
+def _hq_store(ys, r, rows, c0, rmask, hq_q_ptr, C16, hq_key, step_ptr, USE_STEP: tl.constexpr,
+              HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, IDX64: tl.constexpr,
+              EVEN: tl.constexpr, P: tl.constexpr):
+    """The HQ codes of _hq_blocks' slabs with reciprocal scales r (per block, or a scalar)."""
     vs = ()
     for i in tl.static_range(16):
         vs = vs + ((ys[i] * 0.25) * r,)
@@ -460,12 +491,23 @@ def _hla_quantize_tile(x_ptr, sxr, sxc, R, C, hla_amax_ptr, hla_q_ptr, hla_s_ptr
     cmask = cols < C
     r = _group_recip(hla_amax_ptr, hla_s_ptr, cols, cmask, pid_r, pid_c, HLA_ROW, False,
                      HLA_QMAX)
-    # Code (block jb, coefficient t) of column c sits at c * LR + jb * RANK + t.
     z, _ = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64, EVEN)
+    _hla_store(z, r, cols, cmask, pid_r, hla_q_ptr, LR, NBLK, hla_key, step_ptr, USE_STEP,
+               RANK, HLA_ROW, HLA_QMAX, HLA_STOCH, IDX64, EVEN, BLOCK_R, BLOCK_C)
+
+
+@triton.jit
+def _hla_store(z, r, cols, wmask, pid_r, hla_q_ptr, LR, NBLK, hla_key, step_ptr,
+               USE_STEP: tl.constexpr, RANK: tl.constexpr, HLA_ROW: tl.constexpr,
+               HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr, IDX64: tl.constexpr,
+               EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The HLA codes of _hla_z's z with reciprocal scales r (per column, or a scalar), stored
+    for the columns where ``wmask`` holds (EVEN with an all-true wmask: unmasked)."""
     if HLA_ROW:
         v = z * r[None, :, None]
     else:
         v = z * r
+    # Code (block jb, coefficient t) of column c sits at c * LR + jb * RANK + t.
     jb = pid_r * (BLOCK_R // 16) + tl.arange(0, BLOCK_R // 16)
     tt = tl.arange(0, RANK)
     off = (_idx(cols[None, :, None], IDX64) * LR + (jb * RANK)[:, None, None]
@@ -479,4 +521,143 @@ def _hla_quantize_tile(x_ptr, sxr, sxc, R, C, hla_amax_ptr, hla_q_ptr, hla_s_ptr
     if EVEN:
         tl.store(hla_q_ptr + off, q)
     else:
-        tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & cmask[None, :, None])
+        tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & wmask[None, :, None])
+
+
+# ---------------------------------------------------------------- one read, delayed HLA scale
+
+
+@triton.jit
+def _candidate_recip(hist_ptr, cols, cmask, HLA_QMAX: tl.constexpr):
+    """1 / (MARGIN h / qmax) per column from the history h (quant.delayed_scale's
+    candidate); 1 where h is 0 or the candidate not finite (such columns are redone by
+    fixup_kernel, which decides with the same comparisons)."""
+    h = tl.load(hist_ptr + cols, mask=cmask, other=0.0)
+    c = h * _MARGIN
+    ok = (h > 0.0) & (c < float("inf"))
+    s = tl.where(ok, tl.math.div_rn(c, tl.full(c.shape, HLA_QMAX, tl.float32)), 1.0)
+    return _recip(s)
+
+
+@triton.jit
+def _band_arrive(count_ptr):
+    """Count this program in at its band's counter. The CTA barrier first, so every thread's
+    atomics of this program precede the arrival, which releases them."""
+    tl.debug_barrier()
+    tl.atomic_add(count_ptr, 1, sem="release")
+
+
+@triton.jit
+def _band_wait(count_ptr, n):
+    """Wait until all ``n`` programs of the band have arrived (each poll acquires their
+    atomics)."""
+    seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+    while seen < n:
+        seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit(do_not_specialize=["hq_key", "hla_key"])
+def onepass_kernel(
+    x_ptr, sxr, sxc, R, C, hq_amax_ptr, hla_amax_ptr, sync_ptr, hist_ptr, bsum_ptr,
+    hq_q_ptr, hq_s_ptr, C16, hq_key, hla_q_ptr, LR, NBLK, hla_key, step_ptr, N_RT, N_CT,
+    USE_STEP: tl.constexpr, RANK: tl.constexpr, SEL: tl.constexpr, DO_HQ: tl.constexpr,
+    DO_BSUM: tl.constexpr, HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr,
+    HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr, IDX64: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """A pass with a delayed HLA scale (HLAArgs.history) from one read of each tile:
+
+    HLA: codes with each column's candidate scale (_candidate_recip), the column's absmax of
+    this pass folded into hla_amax (fixup_kernel then redoes the columns whose candidate is not
+    kept and writes the scales); with DO_BSUM the tile's column sums, bsum[c, pid_r].
+    HQ (DO_HQ, per-row scales): the band of N_CT programs that share a row of tiles folds its
+    rows' absmax into hq_amax, counts in at the band's counter, does its HLA part, waits for
+    the band (_band_wait) and quantizes the tile it still holds in registers with the
+    complete rows' scales. Programs take their tile
+    from a ticket (an atomic counter), so the programs of a band started in ticket order:
+    every program of a band is running before any of the next band starts, and the bands
+    complete as long as N_CT programs fit on the GPU at once (hot.fast.passes checks this
+    from the compiled kernel's occupancy). Without DO_HQ the grid is (N_RT, N_CT) and
+    nothing waits. sync_ptr: the bands' counters, then the ticket counter (zeroed with the
+    pass). Compile with enable_fp_fusion=False."""
+    if DO_HQ:
+        ticket = tl.atomic_add(sync_ptr + N_RT, 1, sem="relaxed")
+        pid_r = ticket // N_CT
+        pid_c = ticket % N_CT
+    else:
+        pid_r = tl.program_id(0)
+        pid_c = tl.program_id(1)
+    if DO_HQ:
+        # HQ first: the band's programs meet while this one does its HLA part.
+        NB: tl.constexpr = BLOCK_C // 16
+        ys, rows, c0, rmask = _hq_blocks(x_ptr, sxr, sxc, R, C, pid_r, pid_c, IDX64, EVEN,
+                                         BLOCK_R, BLOCK_C)
+        a = _abs_bits(ys[0] * 0.25)
+        for i in tl.static_range(1, 16):
+            a = tl.maximum(a, _abs_bits(ys[i] * 0.25))
+        rr = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        tl.atomic_max(hq_amax_ptr + rr, tl.max(tl.reshape(a, (BLOCK_R, NB)), axis=1),
+                      mask=rr < R, sem="relaxed")
+        _band_arrive(sync_ptr + pid_r)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    z, d = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64, EVEN)
+    tl.atomic_max(hla_amax_ptr + cols, tl.max(tl.max(_abs_bits(z), axis=2), axis=0),
+                  mask=cmask, sem="relaxed")
+    if DO_BSUM:
+        tl.store(bsum_ptr + _idx(cols, IDX64) * N_RT + pid_r, tl.sum(d, axis=0), mask=cmask)
+    _hla_store(z, _candidate_recip(hist_ptr, cols, cmask, HLA_QMAX), cols, cmask, pid_r,
+               hla_q_ptr, LR, NBLK, hla_key, step_ptr, USE_STEP, RANK, True, HLA_QMAX,
+               HLA_STOCH, IDX64, EVEN, BLOCK_R, BLOCK_C)
+    if DO_HQ:
+        _band_wait(sync_ptr + pid_r, N_CT)
+        # The complete maxima, read from L2 (.cg): this SM's L1 never held them.
+        s = _scale(tl.load(hq_amax_ptr + rows, mask=rmask, other=0, cache_modifier=".cg"),
+                   HQ_QMAX)
+        if pid_c == 0:
+            tl.store(hq_s_ptr + rows, s, mask=rmask & (c0 == 0))
+        _hq_store(ys, _recip(s), rows, c0, rmask, hq_q_ptr, C16, hq_key, step_ptr, USE_STEP,
+                  HQ_QMAX, HQ_STOCH, IDX64, EVEN, BLOCK_R * NB)
+
+
+@triton.jit(do_not_specialize=["hla_key"])
+def fixup_kernel(
+    x_ptr, sxr, sxc, R, C, hla_amax_ptr, hist_ptr, count_ptr, hla_q_ptr, hla_s_ptr, LR, NBLK,
+    hla_key, step_ptr, N_RT,
+    USE_STEP: tl.constexpr, RANK: tl.constexpr, SEL: tl.constexpr, HLA_QMAX: tl.constexpr,
+    HLA_STOCH: tl.constexpr, IDX64: tl.constexpr, EVEN: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """After onepass_kernel, program (g, pid_c) for rows of tiles g, g + G, ... (G = the grid's
+    first size): each column's scale by quant.delayed_scale from its now complete absmax a and
+    its history h (written by g = 0); the codes of the columns whose candidate is not kept
+    quantized again with a's scale (only tiles that hold such a column are read); then h = a,
+    stored by the last program of the column of tiles to count in (count_ptr, zeroed with the
+    pass), once every program of that column has read h."""
+    g = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    n_g = tl.num_programs(0)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    a_bits = tl.load(hla_amax_ptr + cols, mask=cmask, other=0)
+    a = a_bits.to(tl.float32, bitcast=True)
+    h = tl.load(hist_ptr + cols, mask=cmask, other=0.0)
+    c = h * _MARGIN
+    keep = (h > 0.0) & (c < float("inf")) & (a <= c) & (a * _RANGE >= c)
+    s = tl.where(keep, tl.math.div_rn(c, tl.full(c.shape, HLA_QMAX, tl.float32)),
+                 _scale(a_bits, HLA_QMAX))
+    if g == 0:
+        tl.store(hla_s_ptr + cols, s, mask=cmask)
+    redo = (~keep) & cmask
+    if tl.sum(redo.to(tl.int32), axis=0) > 0:
+        r = _recip(s)
+        for pid_r in range(g, N_RT, n_g):
+            z, _ = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C,
+                          IDX64, False)
+            _hla_store(z, r, cols, redo, pid_r, hla_q_ptr, LR, NBLK, hla_key, step_ptr,
+                       USE_STEP, RANK, True, HLA_QMAX, HLA_STOCH, IDX64, False, BLOCK_R,
+                       BLOCK_C)
+    n = tl.atomic_add(count_ptr + pid_c, 1, sem="acq_rel")
+    if n == n_g - 1:
+        tl.store(hist_ptr + cols, a, mask=cmask)
