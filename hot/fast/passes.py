@@ -31,85 +31,32 @@ SCALE_PAD = 256
 _TILES = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (32, 128, 4), (64, 256, 8))
 
 
-class StatsArgs(NamedTuple):
-    """Runtime parameters of stats_kernel, in its signature's order."""
-
-    x: torch.Tensor
-    sxr: int
-    sxc: int
-    R: int
-    C: int
-    hq_amax: torch.Tensor
-    hla_amax: torch.Tensor
-    bsum: torch.Tensor
+def _args(name: str, doc: str, *fields: tuple) -> type:
+    """A NamedTuple of a kernel's runtime parameters: x and its strides and sizes, then
+    ``fields``, in the kernel signature's order (the native launch and the launch keys rely
+    on it; tests/fast check the names against the kernels')."""
+    t = NamedTuple(name, [("x", torch.Tensor), ("sxr", int), ("sxc", int), ("R", int),
+                          ("C", int), *fields])
+    t.__doc__ = doc
+    return t
 
 
-class QuantizeArgs(NamedTuple):
-    """Runtime parameters of quantize_kernel, in its signature's order."""
-
-    x: torch.Tensor
-    sxr: int
-    sxc: int
-    R: int
-    C: int
-    hq_amax: torch.Tensor
-    hla_amax: torch.Tensor
-    hq_q: torch.Tensor
-    hq_s: torch.Tensor
-    C16: int
-    hq_key: int
-    hla_q: torch.Tensor
-    hla_s: torch.Tensor
-    LR: int
-    NBLK: int
-    hla_key: int
-    step: torch.Tensor
-
-
-class OnepassArgs(NamedTuple):
-    """Runtime parameters of onepass_kernel, in its signature's order."""
-
-    x: torch.Tensor
-    sxr: int
-    sxc: int
-    R: int
-    C: int
-    hq_amax: torch.Tensor
-    hla_amax: torch.Tensor
-    sync: torch.Tensor
-    hist: torch.Tensor
-    bsum: torch.Tensor
-    hq_q: torch.Tensor
-    hq_s: torch.Tensor
-    C16: int
-    hq_key: int
-    hla_q: torch.Tensor
-    LR: int
-    NBLK: int
-    hla_key: int
-    step: torch.Tensor
-    N_RT: int
-    N_CT: int
-
-
-class FixupArgs(NamedTuple):
-    """Runtime parameters of fixup_kernel, in its signature's order."""
-
-    x: torch.Tensor
-    sxr: int
-    sxc: int
-    R: int
-    C: int
-    hla_amax: torch.Tensor
-    hist: torch.Tensor
-    count: torch.Tensor
-    hla_q: torch.Tensor
-    hla_s: torch.Tensor
-    LR: int
-    NBLK: int
-    hla_key: int
-    step: torch.Tensor
-    N_RT: int
+_T, _I = torch.Tensor, int
+StatsArgs = _args("StatsArgs", "Runtime parameters of stats_kernel.",
+                  ("hq_amax", _T), ("hla_amax", _T), ("bsum", _T))
+QuantizeArgs = _args(
+    "QuantizeArgs", "Runtime parameters of quantize_kernel.",
+    ("hq_amax", _T), ("hla_amax", _T), ("hq_q", _T), ("hq_s", _T), ("C16", _I), ("hq_key", _I),
+    ("hla_q", _T), ("hla_s", _T), ("LR", _I), ("NBLK", _I), ("hla_key", _I), ("step", _T))
+OnepassArgs = _args(
+    "OnepassArgs", "Runtime parameters of onepass_kernel.",
+    ("hq_amax", _T), ("hla_amax", _T), ("sync", _T), ("hist", _T), ("bsum", _T), ("hq_q", _T),
+    ("hq_s", _T), ("C16", _I), ("hq_key", _I), ("hla_q", _T), ("LR", _I), ("NBLK", _I),
+    ("hla_key", _I), ("step", _T), ("N_RT", _I), ("N_CT", _I))
+FixupArgs = _args(
+    "FixupArgs", "Runtime parameters of fixup_kernel.",
+    ("hla_amax", _T), ("hist", _T), ("count", _T), ("hla_q", _T), ("hla_s", _T), ("LR", _I),
+    ("NBLK", _I), ("hla_key", _I), ("step", _T), ("N_RT", _I))
 
 
 class PassOutputs(NamedTuple):

@@ -254,6 +254,10 @@ def test_kernel_argument_bundles_name_the_kernel_parameters():
     assert list(passes.StatsArgs._fields) == names(stats_kernel)[:len(passes.StatsArgs._fields)]
     assert list(passes.QuantizeArgs._fields) == \
         names(quantize_kernel)[:len(passes.QuantizeArgs._fields)]
+    from hot.fast.kernels.quantize import fixup_kernel, onepass_kernel
+
+    for bundle, kernel in ((passes.OnepassArgs, onepass_kernel), (passes.FixupArgs, fixup_kernel)):
+        assert list(bundle._fields) == names(kernel)[:len(bundle._fields)]
     x = _x((20, 24), torch.float32, 1)
     hq, hla = hq_args(4, "row", True, 11), hla_args(8, "lowpass", 8, "row", True, 22)
     p = passes.plan_for(x, hq, hla)
