@@ -141,7 +141,7 @@ def hot_config(args) -> hot.HOTConfig:
         hq=hot.HQConfig(bits=args.hq_bits, gy_scale=args.gy_scale),
         hla=hot.HLAConfig(rank=args.hla_rank, selection=args.hla_selection,
                           blocking=args.hla_blocking, bits=args.hla_bits, abc=args.abc,
-                          amax=getattr(args, "hla_amax", "current")),
+                          amax=args.hla_amax),
         lqs=hot.LQSConfig(ratio=args.lqs_ratio),
         exact_steps=args.exact_steps, int8_steps=args.int8_steps,
         exact_from=args.exact_from)

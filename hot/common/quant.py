@@ -261,14 +261,19 @@ def delayed_keep(amax: torch.Tensor, hist: torch.Tensor) -> torch.Tensor:
     return (hist > 0) & torch.isfinite(c) & (a <= c) & (a * DELAYED_RANGE >= c)
 
 
+def delayed_numerator(amax: torch.Tensor, hist: torch.Tensor) -> torch.Tensor:
+    """What takes the absmax's place in the scale: DELAYED_MARGIN * hist where delayed_keep,
+    else amax (float32)."""
+    a = amax.to(torch.float32)
+    return torch.where(delayed_keep(a, hist), hist.to(torch.float32) * DELAYED_MARGIN, a)
+
+
 def delayed_scale(amax: torch.Tensor, hist: torch.Tensor, bits: int) -> torch.Tensor:
     """The groups' scales from this pass's absmax ``amax`` and the previous pass's ``hist``
-    (same shape): DELAYED_MARGIN * hist / qmax where delayed_keep, else amax / qmax (1 where
-    amax == 0, non-finite where amax is)."""
-    a = amax.to(torch.float32)
-    m = qmax(bits)
-    own = torch.where(a == 0, torch.ones_like(a), a / m)
-    return torch.where(delayed_keep(a, hist), hist.to(torch.float32) * DELAYED_MARGIN / m, own)
+    (same shape): delayed_numerator / qmax, i.e. DELAYED_MARGIN * hist / qmax where
+    delayed_keep, else amax / qmax (1 where amax == 0, non-finite where amax is)."""
+    num = delayed_numerator(amax, hist)
+    return torch.where(num == 0, torch.ones_like(num), num / qmax(bits))
 
 
 def reciprocal(scale: torch.Tensor) -> torch.Tensor:

@@ -386,7 +386,7 @@ def fold_delayed(hla_amax: torch.Tensor, hist: torch.Tensor) -> None:
     kernel's scale, numerator / qmax or 1 where it is 0, is then delayed_scale's), and make
     the absmax the next pass's history. A few small device operations; nothing waits."""
     a = hla_amax.view(torch.float32)
-    num = torch.where(quant.delayed_keep(a, hist), hist * quant.DELAYED_MARGIN, a)
+    num = quant.delayed_numerator(a, hist)
     hist.copy_(a)
     hla_amax.copy_(num.view(torch.int32))
 

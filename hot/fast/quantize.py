@@ -87,7 +87,8 @@ def launch_delayed(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     then fixup_kernel where onepass_kernel serves it, else stats, fold_delayed, quantize.
     Launched from Python (no native plan)."""
     d = p.delayed
-    if d.onepass_ok:
+    # (a band known not to fit goes straight to the two kernels: no one-read arguments made)
+    if d.onepass_ok and (not d.band or _BAND_FITS.get(p.uid) is not False):
         one, fix, out = onepass_args(x, p, hq, hla)
         if not d.band or _band_fits(p, one):
             d.onepass((d.n_rt * d.n_ct,) if d.band else (d.n_rt, d.n_ct), one, d.onepass_meta)

@@ -80,21 +80,23 @@ class _HOTMixin:
         self._hot_hist: dict = {}
         self._hot_make_histories()
 
-    def _hot_make_histories(self) -> None:
-        """Zeroed histories for HLAConfig.amax = "delayed" (hot.nn.state.hla_history), made
+    def _hot_make_histories(self, dev: Optional[torch.device] = None) -> None:
+        """Zeroed histories for HLAConfig.amax = "delayed" (hot.nn.state.hla_history) on
+        ``dev`` (default: the weight's) where there are none of the right size there, made
         when the config asks for them rather than at a layer's first pass: a first pass inside
         a CUDA graph's warm-up would otherwise allocate them from the graph's private pool.
         Not buffers: DDP would broadcast them every step and the state dict would keep them;
         _apply moves them with the module."""
         if self.hot_config.hla.amax != "delayed":
             return
-        dev = self.weight.device
+        dev = self.weight.device if dev is None else dev
         if dev.type == "meta":
             return
+        hists = self.__dict__.setdefault("_hot_hist", {})  # (a layer pickled without them)
         for operand, n in ((ABC_X, self.hot_in_features()), (GY_HLA, self.weight.shape[0])):
-            h = self._hot_hist.get(operand)
+            h = hists.get(operand)
             if h is None or h.device != dev or h.numel() != n:
-                self._hot_hist[operand] = torch.zeros(n, dtype=torch.float32, device=dev)
+                hists[operand] = torch.zeros(n, dtype=torch.float32, device=dev)
 
     def __setstate__(self, state):
         # deepcopy and unpickling land here: the copy is another layer with its own state, so it
@@ -121,14 +123,13 @@ class _HOTMixin:
             self.hot_step.fill_(self._hot_step_value)
             self.hot_lqs.fill_(self._hot_lqs_value)
         hists = self.__dict__.get("_hot_hist")
-        if hists:
+        if hists is not None:
             # Moved with the module; a cast to another dtype (model.half()) starts them afresh
             # (their contents only steer the next scale: zeros mean "take this pass's own").
             for k, h in list(hists.items()):
                 h = fn(h)
                 hists[k] = h if h.dtype == torch.float32 else torch.zeros(
                     h.shape, dtype=torch.float32, device=h.device)
-        if "_hot_hist" in self.__dict__:
             self._hot_make_histories()
         return out
 

@@ -87,16 +87,15 @@ def hla_history(layer, cfg: HOTConfig, operand: int, device: torch.device) -> Op
     """The channel absmax of the layer's previous HLA pass over ``operand`` (ABC_X: x's
     in_features, GY_HLA: g_y's out_features) under HLAConfig.amax = "delayed", else None. Zeros
     at first (quant.delayed_scale then takes the pass's own absmax). The layer makes them with
-    its config and moves them with itself (HOTLinear._hot_make_histories); one is made here
-    only for data on another device than the layer's weight. Not in the state dict: after a
-    restart the first pass takes its own absmax, as the first step did."""
+    its config and moves them with itself (_HOTMixin._hot_make_histories); they are made
+    again here only for data on another device than the layer's weight. Not in the state
+    dict: after a restart the first pass takes its own absmax, as the first step did."""
     if cfg.hla.amax != "delayed":
         return None
-    hists = layer.__dict__.setdefault("_hot_hist", {})
-    h = hists.get(operand)
+    h = layer.__dict__.get("_hot_hist", {}).get(operand)
     if h is None or h.device != device:
-        n = layer.hot_in_features() if operand == ABC_X else layer.weight.shape[0]
-        h = hists[operand] = torch.zeros(n, dtype=torch.float32, device=device)
+        layer._hot_make_histories(device)
+        h = layer._hot_hist[operand]
     return h
 
 

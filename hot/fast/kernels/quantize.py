@@ -528,15 +528,22 @@ def _hla_store(z, r, cols, wmask, pid_r, hla_q_ptr, LR, NBLK, hla_key, step_ptr,
 
 
 @triton.jit
+def _candidate(hist_ptr, cols, cmask, HLA_QMAX: tl.constexpr):
+    """(c, s, ok) per column from the history h: c = MARGIN h, s = c / qmax, and whether h
+    gives a candidate at all (h > 0, c finite), as quant.delayed_keep's first two tests."""
+    h = tl.load(hist_ptr + cols, mask=cmask, other=0.0)
+    c = h * _MARGIN
+    return c, tl.math.div_rn(c, tl.full(c.shape, HLA_QMAX, tl.float32)), (h > 0.0) & (
+        c < float("inf"))
+
+
+@triton.jit
 def _candidate_recip(hist_ptr, cols, cmask, HLA_QMAX: tl.constexpr):
     """1 / (MARGIN h / qmax) per column from the history h (quant.delayed_scale's
     candidate); 1 where h is 0 or the candidate not finite (such columns are redone by
     fixup_kernel, which decides with the same comparisons)."""
-    h = tl.load(hist_ptr + cols, mask=cmask, other=0.0)
-    c = h * _MARGIN
-    ok = (h > 0.0) & (c < float("inf"))
-    s = tl.where(ok, tl.math.div_rn(c, tl.full(c.shape, HLA_QMAX, tl.float32)), 1.0)
-    return _recip(s)
+    _, s, ok = _candidate(hist_ptr, cols, cmask, HLA_QMAX)
+    return _recip(tl.where(ok, s, 1.0))
 
 
 @triton.jit
@@ -642,11 +649,9 @@ def fixup_kernel(
     cmask = cols < C
     a_bits = tl.load(hla_amax_ptr + cols, mask=cmask, other=0)
     a = a_bits.to(tl.float32, bitcast=True)
-    h = tl.load(hist_ptr + cols, mask=cmask, other=0.0)
-    c = h * _MARGIN
-    keep = (h > 0.0) & (c < float("inf")) & (a <= c) & (a * _RANGE >= c)
-    s = tl.where(keep, tl.math.div_rn(c, tl.full(c.shape, HLA_QMAX, tl.float32)),
-                 _scale(a_bits, HLA_QMAX))
+    c, s_c, ok = _candidate(hist_ptr, cols, cmask, HLA_QMAX)
+    keep = ok & (a <= c) & (a * _RANGE >= c)
+    s = tl.where(keep, s_c, _scale(a_bits, HLA_QMAX))
     if g == 0:
         tl.store(hla_s_ptr + cols, s, mask=cmask)
     redo = (~keep) & cmask
