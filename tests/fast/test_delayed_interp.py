@@ -25,8 +25,9 @@ from hot.reference import ops as ref
 from _fast_diff import DEVICE, EPS32, check_codes, hla_args, hq_args
 
 # Per-pass scales of the inputs' distribution: within the window (1 -> 1.5 -> 1.2), far above
-# it (x 10: every column redone), far below it (/ 10: redone), then back inside.
-SCALES = (1.0, 1.5, 1.2, 12.0, 1.2, 0.9)
+# it (x 10: every column redone), far below it (/ 10: redone), back inside, then near the
+# window's edges on both sides (/ 3 and x 3: kept, while a window of [h/2, 2h] would not).
+SCALES = (1.0, 1.5, 1.2, 12.0, 1.2, 0.9, 0.3, 0.9)
 
 
 def _x(shape, dtype, seed, scale):
@@ -91,7 +92,7 @@ def test_abc_pass_matches_reference_over_passes(shape, stoch):
     # The cases the inputs were built for: nothing kept on the first pass (no history), every
     # column on the next two, none after the jumps, every column again at the end.
     assert kept[0] == 0 and kept[3] == 0 and kept[4] == 0
-    assert kept[1] == kept[2] == kept[5] == shape[1]
+    assert kept[1] == kept[2] == kept[5] == kept[6] == kept[7] == shape[1]
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (50, 40), (128, 256)])

@@ -103,6 +103,9 @@ def test_histories_move_and_stay_float32():
     grads(m, _xg(0)[0].requires_grad_(), _xg(0)[1])
     layer = m[0]
     before = layer._hot_hist[ABC_X].clone()
+    assert before.any()
+    m.float()  # a move that keeps the dtype keeps the contents
+    assert torch.equal(layer._hot_hist[ABC_X], before)
     m.to(torch.float64)
     assert layer._hot_hist[ABC_X].dtype == torch.float32
     assert not layer._hot_hist[ABC_X].any()  # a cast starts them afresh
@@ -111,7 +114,6 @@ def test_histories_move_and_stay_float32():
     grads(c, _xg(1)[0].requires_grad_(), _xg(1)[1])
     assert not layer._hot_hist[ABC_X].any()  # the copy's histories are its own
     assert c[0]._hot_hist[ABC_X].any()
-    assert before.any()
 
 
 def test_set_config_makes_histories():
