@@ -8,6 +8,7 @@ flattened), batch * H_out * W_out for a Conv2d; O = output channels; I = input f
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -25,6 +26,7 @@ class LayerShape:
     params: int = 0
     input_requires_grad: bool = True
     x_numel: int = 0  # elements of the layer's input (for a conv: C*H*W*batch, not L*I)
+    source: Optional[int] = None  # which input it read: equal for layers that read one tensor
 
     def __post_init__(self):
         if not self.x_numel:
@@ -37,9 +39,19 @@ class LayerShape:
 def layer_shapes(model: nn.Module, run) -> list[LayerShape]:
     """Call ``run(model)`` (one forward) and return the shapes of the Linear/Conv2d layers in
     the order they ran; a layer called twice appears twice. Runs with autograd on (the graph
-    is discarded) so that ``input_requires_grad`` is known."""
+    is discarded) so that ``input_requires_grad`` is known. Layers that read the same input
+    tensor (a transformer's q, k and v projections) get the same ``source``."""
     out: list[LayerShape] = []
     handles = []
+    sources: dict = {}
+    # Every input stays alive until the end, so no freed address is taken by a later input; an
+    # in-place change between two reads makes a new version, so a new input.
+    held = []
+
+    def source_of(x):
+        held.append(x)
+        key = (x.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype, x._version)
+        return sources.setdefault(key, len(sources))
 
     def hook_for(name):
         def hook(mod, args, y):
@@ -51,11 +63,12 @@ def layer_shapes(model: nn.Module, run) -> list[LayerShape]:
                 L = y.shape[0] * y.shape[2] * y.shape[3]
                 out.append(LayerShape(name, "conv", L, mod.out_channels,
                                       mod.in_channels // mod.groups * kk, mod.groups, trainable,
-                                      n_par, x.requires_grad, x.numel()))
+                                      n_par, x.requires_grad, x.numel(), source_of(x)))
             else:
                 L = x.numel() // x.shape[-1]
                 out.append(LayerShape(name, "linear", L, mod.out_features, mod.in_features,
-                                      1, trainable, n_par, x.requires_grad, x.numel()))
+                                      1, trainable, n_par, x.requires_grad, x.numel(),
+                                      source_of(x)))
         return hook
 
     for name, mod in model.named_modules():
