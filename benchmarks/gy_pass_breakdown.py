@@ -4,7 +4,7 @@ the host time of one call, against the pass's floor.
     python benchmarks/gy_pass_breakdown.py [--tiles 64,64,4 32,64,4 ...] [--ablate] [--ncu]
 
 Floor = (one read of g_y in bf16 + the HQ codes + the HLA codes) / copy bandwidth, as in
-hot.bench.backward. --tiles times the two kernels on other quantizer tiles (ViT-B qkv g_y).
+hot.bench.backward. --tiles times the two kernels on other quantizer tiles (ViT-B qkv and Llama-sized g_y).
 --ablate times each kernel with one part (HQ or HLA) and with nearest instead of stochastic
 rounding: where the quantize kernel's time goes (the same bytes are read in every variant).
 --delayed times the passes with a delayed HLA scale (HLAConfig(amax="delayed"): one read of
@@ -48,14 +48,15 @@ def _parts(x, hq=HQ, hla=HLA):
     return stats, quantize
 
 
-def tiles(specs):
-    x = torch.randn(25216, 2304, device="cuda", dtype=torch.bfloat16)
-    for spec in specs:
-        tile = Tile(*(int(v) for v in spec.split(",")))
-        with override(tile=tile):
-            st, qu = _parts(x)
-            print(f"tile {spec:10s}: stats {bench(st):.3f} ms, quantize {bench(qu):.3f} ms",
-                  flush=True)
+def tiles(specs, shapes=((25216, 2304), (32768, 8192), (4096, 28672))):
+    for r, c in shapes:
+        x = torch.randn(r, c, device="cuda", dtype=torch.bfloat16)
+        for spec in specs:
+            tile = Tile(*(int(v) for v in spec.split(",")))
+            with override(tile=tile):
+                st, qu = _parts(x)
+                print(f"{r}x{c} tile {spec:10s}: stats {bench(st):.3f} ms, quantize "
+                      f"{bench(qu):.3f} ms", flush=True)
 
 
 def ablate():
