@@ -4,7 +4,8 @@ the host time of one call, against the pass's floor.
     python benchmarks/gy_pass_breakdown.py [--tiles 64,64,4 32,64,4 ...] [--ablate] [--ncu]
 
 Floor = (one read of g_y in bf16 + the HQ codes + the HLA codes) / copy bandwidth, as in
-hot.bench.backward. --tiles times the two kernels on other quantizer tiles (ViT-B qkv and Llama-sized g_y).
+hot.bench.backward. --tiles times the two kernels of the g_y pass and of the ABC pass on other
+quantizer tiles (ViT-B and Llama shapes).
 --ablate times each kernel with one part (HQ or HLA) and with nearest instead of stochastic
 rounding: where the quantize kernel's time goes (the same bytes are read in every variant).
 --delayed times the passes with a delayed HLA scale (HLAConfig(amax="delayed"): one read of
@@ -48,15 +49,22 @@ def _parts(x, hq=HQ, hla=HLA):
     return stats, quantize
 
 
-def tiles(specs, shapes=((25216, 2304), (32768, 8192), (4096, 28672))):
+TILE_SHAPES = [(25216, 768), (25216, 2304), (25216, 3072), (32768, 2048), (32768, 8192),
+               (4096, 28672)]
+
+
+def tiles(specs, shapes=TILE_SHAPES):
+    """Each kernel of the g_y pass (HQ + HLA) and of the ABC pass (HLA alone) on each tile."""
     for r, c in shapes:
         x = torch.randn(r, c, device="cuda", dtype=torch.bfloat16)
         for spec in specs:
             tile = Tile(*(int(v) for v in spec.split(",")))
             with override(tile=tile):
                 st, qu = _parts(x)
-                print(f"{r}x{c} tile {spec:10s}: stats {bench(st):.3f} ms, quantize "
-                      f"{bench(qu):.3f} ms", flush=True)
+                ast, aqu = _parts(x, None, HLA)
+                print(f"{r}x{c} tile {spec:10s}: g_y stats {bench(st):.4f} + quantize "
+                      f"{bench(qu):.4f} ms; ABC stats {bench(ast):.4f} + quantize "
+                      f"{bench(aqu):.4f} ms", flush=True)
 
 
 def ablate():
