@@ -33,14 +33,26 @@ using EpiSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
 
 // Scheduler: cutlass::gemm::PersistentScheduler (data-parallel: one output tile per CTA at a
 // time) or cutlass::gemm::StreamKScheduler (CTAs also split the K loop of a tile and add their
-// int32 partial accumulators in a workspace before the epilogue: exact, since integer addition
-// is associative). Stream-K is used when the output has fewer 128x256 tiles than the GPU has SMs
-// (HOT's g_W GEMMs at ViT sizes: O x I outputs with K = L/2, e.g. 768 x 768 = 18 tiles on 132 SMs).
-// Forced stream-K rather than CUTLASS's heuristic: the heuristic kept the 72-tile g_W GEMMs of
-// ViT-B fc1/fc2 data-parallel (0.067 ms on an H100); stream-K ran them in 0.056 ms and left the
-// 18- and 54-tile ones unchanged (docs/kernels.md).
-inline cutlass::gemm::kernel::detail::DecompositionMode decomposition() {
-  return cutlass::gemm::kernel::detail::DecompositionMode::StreamK;
+// int32 partial accumulators in a workspace before the epilogue: exact in any order, since
+// integer addition is associative, so the peers may add in arrival order). The choice for an
+// output of fewer 128x256 tiles than SMs and a long K (HOT's g_W GEMMs at ViT sizes and Llama's
+// narrow ones), from the variants timed on an H100 (benchmarks/results/gemm_decomp_h100/):
+//   at least 4 SMs a tile   stream-K (ViT-B proj, 18 tiles: 0.034 ms; split-K in 7 parts 0.036)
+//   2 or 3 SMs a tile       split-K in that many parts (54 and 64 tiles: 7-9% faster than stream-K)
+//   fewer, below 90% of SMs stream-K (72 tiles: split-K in 1 part, i.e. data-parallel, 20% slower)
+//   at least 90% of SMs     data-parallel: one wave (128 tiles: 7% faster than stream-K)
+struct Decomposition {
+  cutlass::gemm::kernel::detail::DecompositionMode mode;
+  int splits;
+};
+
+inline int64_t output_tiles(const GemmArgs& g) { return int64_t((g.m + 127) / 128) * ((g.n + 255) / 256); }
+
+inline Decomposition decomposition(const GemmArgs& g) {
+  using Mode = cutlass::gemm::kernel::detail::DecompositionMode;
+  const int64_t per_tile = current_hw_info().sm_count / output_tiles(g);
+  if (per_tile == 2 || per_tile == 3) return {Mode::SplitK, int(per_tile)};
+  return {Mode::StreamK, 1};
 }
 
 template <typename ElementD, typename Scheduler>
@@ -101,7 +113,10 @@ struct Sm90S8Gemm {
         {}};
     args.hw_info = current_hw_info();
     if constexpr (std::is_same_v<Scheduler, cutlass::gemm::StreamKScheduler>) {
-      args.scheduler.decomposition_mode = decomposition();
+      const Decomposition d = decomposition(g);
+      args.scheduler.decomposition_mode = d.mode;
+      args.scheduler.splits = d.splits;
+      args.scheduler.reduction_mode = decltype(args.scheduler.reduction_mode)::Nondeterministic;
     }
     return args;
   }
@@ -141,10 +156,10 @@ size_t ws_as(const GemmArgs& g) {
   return 0;
 }
 
-// Fewer output tiles than SMs and a K loop long enough to share (at least 8 k-blocks of 128).
+// Fewer output tiles than 90% of the SMs and a K loop long enough to share (at least 8
+// k-blocks of 128).
 bool use_stream_k(const GemmArgs& g) {
-  const int64_t tiles = int64_t((g.m + 127) / 128) * ((g.n + 255) / 256);
-  return tiles < current_hw_info().sm_count && g.k >= 8 * 128;
+  return output_tiles(g) * 10 < int64_t(current_hw_info().sm_count) * 9 && g.k >= 8 * 128;
 }
 
 }  // namespace

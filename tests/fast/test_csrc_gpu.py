@@ -104,20 +104,28 @@ def test_exact_on_awkward_shapes(ext, m, n):
                     f"{(out.cpu().double() - exp.double()).abs().max().item()}"
 
 
-def test_stream_k_on_a_vit_weight_gradient_shape(ext):
-    # ViT-B proj's g_W GEMM: 768 x 768 outputs (18 tiles of 128x256, fewer than the SMs) with
-    # K = L / 2 = 12608: gemm_s8s8_sm90 splits the K loop across CTAs (stream-K) and adds the
-    # int32 partials before the epilogue; the result must still be the exact product, scaled.
+@pytest.mark.parametrize("m,n,k", [
+    (768, 768, 12608),    # ViT-B proj's g_W: 18 tiles of 128x256, stream-K
+    (2304, 768, 12608),   # ViT-B qkv's g_W: 54 tiles, split-K in 2 parts on a 132-SM H100
+    (3072, 768, 12608),   # ViT-B fc1's g_W: 72 tiles, stream-K
+    (2048, 2048, 4096),   # 128 tiles: data-parallel, one wave
+])
+def test_few_tile_weight_gradient_shapes_are_exact(ext, m, n, k):
+    # Outputs of fewer 128x256 tiles than SMs with a long K (HOT's g_W GEMMs): gemm_s8s8_sm90
+    # splits the K loop across CTAs (stream-K or split-K, by the tiles per SM) and adds the
+    # int32 partials, in arrival order, before the epilogue; the result must still be the exact
+    # product, scaled, and the same bits on every call.
     if not any(name == "gemm_s8s8_sm90" for name, _ in _kernels(ext)):
         pytest.skip("needs sm_90a")
-    gen = torch.Generator().manual_seed(5)
-    m, n, k = 768, 768, 12608
+    gen = torch.Generator().manual_seed(m + n + k)
     a, b = _codes(m, k, -127, 127, gen), _codes(n, k, -127, 127, gen)
     a[0], b[0] = 127, 127  # the largest partial sums
     sa, sb = _scales(m, n, gen)
     for dtype in DTYPES:
         out = _run(ext, "gemm_s8s8_sm90", False, a, b, sa, sb, dtype)
         assert torch.equal(out.cpu(), _expected(a, b, sa, sb, dtype)), dtype
+        again = _run(ext, "gemm_s8s8_sm90", False, a, b, sa, sb, dtype)
+        assert torch.equal(again, out), dtype
 
 
 def test_scales_in_place_and_copied(ext):
