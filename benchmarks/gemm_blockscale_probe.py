@@ -20,6 +20,7 @@ import triton.language as tl
 
 from hot.bench.timing import bench, int8_rate
 from hot.fast import gemm as fg
+from hot.fast.kernels.gemm import grouped_tile
 
 CFGS = [triton.Config({"BM": bm, "BN": bn, "BK": 128, "GM": 8}, num_warps=w, num_stages=s)
         for bm, bn, w, s in [(128, 128, 8, 4), (128, 256, 8, 3), (128, 128, 4, 4),
@@ -37,14 +38,7 @@ def probe_gemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, o_ptr, M, N, K, G: tl.conste
                       BK: tl.constexpr, GM: tl.constexpr):
     """o = sum over K blocks of G: float(a_blk b_blk^T) * sa[blk, m] * sb[blk, n] (BLOCKSCALE),
     else float(a b^T) * sa[m] * sb[n]; a (M x K), b (N x K) int8, K-contiguous."""
-    pid = tl.program_id(0)
-    grid_m = tl.cdiv(M, BM)
-    grid_n = tl.cdiv(N, BN)
-    width = GM * grid_n
-    first_m = (pid // width) * GM
-    size_m = tl.minimum(grid_m - first_m, GM)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BM, BN, GM)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)

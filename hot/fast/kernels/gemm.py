@@ -15,22 +15,25 @@ import triton.language as tl
 
 
 @triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of program pid in grouped order: GROUP_M row-tiles share their B tiles
+    while those are in L2."""
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * grid_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(grid_m - first_m, GROUP_M)
+    return first_m + (pid % width) % size_m, (pid % width) // size_m
+
+
+@triton.jit
 def int8_gemm_nt_kernel(
     a_ptr, b_ptr, sa_ptr, sb_ptr, o_ptr, M, N, K,
     sam, sak, sbn, sbk, ssa, ssb, som, son,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K_ELEMS: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    # Grouped order: GROUP_M row-tiles share their B tiles while those are in L2.
-    width = GROUP_M * grid_n
-    group = pid // width
-    first_m = group * GROUP_M
-    size_m = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
