@@ -50,18 +50,23 @@ def gy_pass(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
 
 
 def launch_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
-                hla: Optional[HLAArgs]) -> PassOutputs:
+                hla: Optional[HLAArgs], history: Optional[torch.Tensor] = None) -> PassOutputs:
     """The pass of plan p over x launched from Python (bias sums left as per-tile partials);
-    registers the plan's kernels for native launches."""
+    registers the plan's kernels for native launches. ``history``: a delayed HLA scale's,
+    folded in between the two kernels (fold_delayed); such a pass is not registered, since
+    the native launch has no fold."""
     stats_args, quantize_args, out = pass_args(x, p, hq, hla)
     # Launch keys: the plan fixes every shape argument and the alignment of the workspace view
     # and of the fresh outputs. What varies is x's alignment and the seed keys (Triton
     # specializes ints on == 1 and divisibility by 16).
     xa = x.data_ptr() % 16 == 0
     ks = p.stats(p.grid, stats_args, p.stats_meta, (p.uid, xa))
+    if history is not None:
+        fold_delayed(quantize_args.hla_amax[:x.shape[1]], history)
     kq = p.quantize(p.grid, quantize_args, p.quantize_meta,
                     (p.uid, xa, spec(quantize_args.hq_key), spec(quantize_args.hla_key)))
-    native.register(p, x, ks, kq, (len(stats_args), len(quantize_args)))
+    if history is None:
+        native.register(p, x, ks, kq, (len(stats_args), len(quantize_args)))
     return out
 
 
@@ -94,14 +99,7 @@ def launch_delayed(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
             d.onepass((d.n_rt * d.n_ct,) if d.band else (d.n_rt, d.n_ct), one, d.onepass_meta)
             d.fixup((d.fix_g, d.n_ct), fix, d.fixup_meta)
             return out
-    hist = check_history(x, hla)
-    stats_args, quantize_args, out = pass_args(x, p, hq, hla)
-    xa = x.data_ptr() % 16 == 0
-    p.stats(p.grid, stats_args, p.stats_meta, (p.uid, xa))
-    fold_delayed(quantize_args.hla_amax[:x.shape[1]], hist)
-    p.quantize(p.grid, quantize_args, p.quantize_meta,
-               (p.uid, xa, spec(quantize_args.hq_key), spec(quantize_args.hla_key)))
-    return out
+    return launch_pass(x, p, hq, hla, check_history(x, hla))
 
 
 def _codes(q: torch.Tensor, bits: int) -> torch.Tensor:

@@ -16,12 +16,14 @@ from ..common.ops import HLAArgs, HQArgs, Quantized
 from ..common.transforms import compute_dtype, hla_transform, hq_transform
 
 
-def _finish(t: torch.Tensor, bits: int, scale_mode, stochastic: bool, seed: int) -> Quantized:
+def _finish(t: torch.Tensor, bits: int, scale_mode, stochastic: bool, seed: int,
+            scale: "torch.Tensor | None" = None) -> Quantized:
+    """t's codes (``scale``: the groups' scales where they are not t's absmax ones)."""
     if bits == 0:
         return Quantized(t, torch.ones((t.shape[0] if scale_mode == ops.ScaleMode.ROW else 1, 1),
                                        dtype=torch.float32, device=t.device))
     return Quantized(*quant.quantize(t, bits, ops.ScaleMode(scale_mode).value, stochastic,
-                                     quant.seed_value(seed) if stochastic else 0))
+                                     quant.seed_value(seed) if stochastic else 0, scale))
 
 
 def hq_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
@@ -34,9 +36,8 @@ def hla_quantize(x: torch.Tensor, a: HLAArgs) -> Quantized:
         return _finish(t, a.bits, a.scale_mode, a.stochastic, a.seed)
     amax = quant.absmax(t, "row")
     hist = a.history.reshape(-1, 1)
-    out = Quantized(*quant.quantize(t, a.bits, "row", a.stochastic,
-                                    quant.seed_value(a.seed) if a.stochastic else 0,
-                                    scale=quant.delayed_scale(amax, hist, a.bits)))
+    out = _finish(t, a.bits, a.scale_mode, a.stochastic, a.seed,
+                  quant.delayed_scale(amax, hist, a.bits))
     hist.copy_(amax)
     return out
 
