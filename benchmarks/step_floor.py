@@ -22,6 +22,7 @@ model on the CPU (hot.analysis.shapes) at batch 1, scaled to the record's batch.
 """
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 
@@ -30,6 +31,7 @@ import torch
 from hot.analysis.floor import pass_bytes
 
 
+@functools.lru_cache(maxsize=None)  # several HOT records of one model share their shapes
 def layer_shapes(model: str, batch: int, seq):
     """The LayerShape of every Linear / Conv2d of one training forward of hot.bench.e2e's
     ``model`` at ``batch`` (and ``seq`` tokens), from a forward at batch 1 (8 tokens) on the
@@ -43,7 +45,7 @@ def layer_shapes(model: str, batch: int, seq):
     scale = batch * seq // 8 if w.llm else batch
     with torch.autocast("cpu", dtype=torch.bfloat16):
         shapes = shapes_of(m, (lambda mm: mm(input_ids=x)) if w.llm else (lambda mm: mm(x)))
-    return [dataclasses.replace(s, L=s.L * scale, x_numel=s.x_numel * scale) for s in shapes]
+    return tuple(dataclasses.replace(s, L=s.L * scale, x_numel=s.x_numel * scale) for s in shapes)
 
 
 def floors(records, bw: float, int8_rate: float, l2: float, target: float) -> int:

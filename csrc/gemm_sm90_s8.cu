@@ -46,7 +46,10 @@ struct Decomposition {
   int splits;
 };
 
-inline int64_t output_tiles(const GemmArgs& g) { return int64_t((g.m + 127) / 128) * ((g.n + 255) / 256); }
+inline int64_t output_tiles(const GemmArgs& g) {
+  constexpr int kM = cute::size<0>(TileShape{}), kN = cute::size<1>(TileShape{});
+  return int64_t((g.m + kM - 1) / kM) * ((g.n + kN - 1) / kN);
+}
 
 inline Decomposition decomposition(const GemmArgs& g) {
   using Mode = cutlass::gemm::kernel::detail::DecompositionMode;
