@@ -47,7 +47,10 @@ luq_quantize(x (R, C), HQArgs) -> Quantized(q (R, C), scale (R|1, 1))
     Round to nearest (stochastic=False) takes the nearer of the two. The default implements it.
 
 int_gemm_nt(a (M, K), b (N, K), sa (M|1, 1), sb (N|1, 1), out_dtype) -> (M, N)
-    (a @ b^T) * sa * sb^T, with the integer products accumulated exactly.
+    (a @ b^T) * sa * sb^T, with the integer products accumulated exactly. Degenerate products
+    (M, N or K of 0 or 1: one token, a one-output head, HLA rank 1 on 16 tokens or fewer) always
+    run the default implementation, whatever the backend: integer GEMM kernels and libraries
+    assume tiles and alignments such shapes do not have (``degenerate_gemm``).
 
 layer_backward(gy, wt, x_codes, hq, hla, hq_w, gx_dtype, gw_dtype, need_gb) -> LayerGrads | None
     One layer's HOT backward in one call, by definition exactly
@@ -55,8 +58,8 @@ layer_backward(gy, wt, x_codes, hq, hla, hq_w, gx_dtype, gw_dtype, need_gb) -> L
         LayerGrads(int_gemm_nt(q1, qw, s1, sw, gx_dtype), int_gemm_nt(q2, qx, s2, sx, gw_dtype), gb)
     with (qx, sx) = x_codes and gb = gy.sum(0) (float32 accumulation, any order, in gy's dtype)
     when need_gb and the backend forms it on the way, else None (the caller sums). The result
-    None means "not in one call for these arguments": the caller composes the operations. The
-    default has none; the fast backend has it to save host time and a read of g_y.
+    None means "not in one call for these arguments" (also whenever one of the two GEMMs is
+    degenerate): the caller composes the operations. The default has none; the fast backend has it to save host time and a read of g_y.
 """
 
 from __future__ import annotations
@@ -214,13 +217,19 @@ def gy_quantize(x: torch.Tensor, hq: HQArgs, hla: HLAArgs,
     return Quantized(*a), Quantized(*b)
 
 
+def degenerate_gemm(m: int, n: int, k: int) -> bool:
+    """Whether an (M, N, K) product is one that int_gemm_nt always hands to the default
+    implementation: an empty one, or one with a single row, column or contracted element."""
+    return min(m, n, k) <= 1
+
+
 def int_gemm_nt(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
                 out_dtype: torch.dtype, backend: str) -> torch.Tensor:
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"int_gemm_nt: K differs: a {tuple(a.shape)} vs b {tuple(b.shape)}")
     integer = a.dtype == torch.int8 and b.dtype == torch.int8
-    name = backend if integer and a.numel() and b.numel() and out_dtype != torch.float64 \
-        else DEFAULT
+    name = backend if integer and not degenerate_gemm(a.shape[0], b.shape[0], a.shape[1]) \
+        and out_dtype != torch.float64 else DEFAULT
     return implementation("int_gemm_nt", name)(a, b, sa, sb, out_dtype)
 
 
@@ -230,6 +239,11 @@ def layer_backward(gy: torch.Tensor, wt: torch.Tensor, x_codes: Quantized, hq: H
     fn = _IMPLS["layer_backward"].get(backend)
     if fn is None or _by_default(gy, hq.bits) or _by_default(gy, hla.bits) \
             or _by_default(wt, hq_w.bits) or x_codes.q.dtype != torch.int8:
+        return None
+    # Its two GEMMs: g_x (L, I) over O rounded up to 16, g_W (O, I) over x's code columns. A
+    # degenerate one goes through int_gemm_nt, which hands it to the default.
+    (rows, o), i = gy.shape, wt.shape[0]
+    if degenerate_gemm(rows, i, pad_to(o)) or degenerate_gemm(o, i, x_codes.q.shape[1]):
         return None
     out = fn(gy, wt, x_codes, hq, hla, hq_w, gx_dtype, gw_dtype, need_gb)
     return None if out is None else LayerGrads(*out)

@@ -81,6 +81,12 @@ def _absmax_int(t: torch.Tensor) -> int:
 _F32_EXACT = 1 << 24  # every integer of magnitude below 2^24 is a float32
 
 
+# torch._int_mm on the CPU returns wrong values (uninitialised memory) for a contraction of
+# length 1 with contiguous operands, for every M and every N >= 2 (measured on torch 2.14, an
+# AVX-512 CPU; K = 0 and every K >= 2 are exact, with any M, N and either operand layout). Such
+# products take the float path, exact for them.
+_INT_MM_MIN_K = 2
+
 # Longest contraction whose int32 sum of int8 products cannot overflow: K * 128^2 <= 2^31 - 1.
 _I32_CHUNK = ((1 << 31) - 1) // (128 * 128)
 
@@ -89,13 +95,13 @@ def _int_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b^T of int8 codes, the exact integer result rounded once to float32.
 
     On CPU: the integer GEMM (torch._int_mm, int32 sums) over chunks of K short enough that no
-    int32 sum can overflow, chunk sums added in int64: exact by construction, 1.1-4x faster than
+    int32 sum can overflow and never of one column (_INT_MM_MIN_K), chunk sums added in int64: exact by construction, 1.1-4x faster than
     the float path on the demo's shapes. Elsewhere a float32 GEMM, exact when every partial sum
     is an integer below 2^24, i.e. when the contraction length times max|a| max|b| is. Longer
     contractions (HLA's INT8 g_W GEMM): on CUDA one float64 GEMM (no host reads: CUDA graphs
     and busy GPUs); elsewhere chunks that each meet the bound, the chunk results summed in
     float64 (exact below 2^53)."""
-    if a.device.type == "cpu" and hasattr(torch, "_int_mm"):
+    if a.device.type == "cpu" and hasattr(torch, "_int_mm") and a.shape[1] >= _INT_MM_MIN_K:
         return _int_product_i32(a, b)
     if a.device.type == "cuda":
         # No host read of the codes' range (the chunked path syncs twice per GEMM): int8 codes
@@ -109,11 +115,15 @@ def _int_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _int_product_i32(a: torch.Tensor, b: torch.Tensor, chunk: int = _I32_CHUNK) -> torch.Tensor:
     bt = b.t()
-    if a.shape[1] <= chunk:
+    k = a.shape[1]
+    if k <= chunk:
         return torch._int_mm(a, bt).to(torch.float32)
+    bounds = list(range(0, k, chunk)) + [k]
+    if k - bounds[-2] < _INT_MM_MIN_K:  # a one-column last chunk: one column more for it
+        bounds[-2] -= 1
     acc = torch.zeros((a.shape[0], b.shape[0]), dtype=torch.int64, device=a.device)
-    for k0 in range(0, a.shape[1], chunk):
-        acc += torch._int_mm(a[:, k0:k0 + chunk], bt[k0:k0 + chunk])
+    for k0, k1 in zip(bounds, bounds[1:]):
+        acc += torch._int_mm(a[:, k0:k1], bt[k0:k1])
     return acc.to(torch.float32)
 
 

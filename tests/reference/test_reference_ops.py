@@ -209,3 +209,60 @@ def test_gy_quantize_is_one_operation_on_a_backend_without_a_fused_pass(monkeypa
     (q1, s1), (q2, s2) = ops.gy_quantize(x, hq, hla, ops.DEFAULT)
     assert seen == []
     assert torch.equal(q1, ref.hq_quantize(x, hq).q) and torch.equal(q2, ref.hla_quantize(x, hla).q)
+
+
+_SIZES = (0, 1, 2, 17)
+
+
+@pytest.mark.parametrize("k", _SIZES)
+@pytest.mark.parametrize("m,n", [(m, n) for m in _SIZES for n in _SIZES])
+def test_int_gemm_nt_is_exact_on_degenerate_shapes(m, n, k):
+    """One token, a one-output head, HLA rank 1 on 16 tokens or fewer: M, N or K of 0 or 1.
+    torch._int_mm on the CPU returns uninitialised values for K = 1 (N >= 2); the result must
+    still be the int64 product, scaled."""
+    g = torch.Generator().manual_seed(100 * m + 10 * n + k)
+    a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+    b = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    sa, sb = torch.rand(m, 1, generator=g) + 0.5, torch.rand(n, 1, generator=g) + 0.5
+    exact = (a.to(torch.int64) @ b.to(torch.int64).T).to(torch.float32)
+    assert torch.equal(ref._int_product(a, b), exact)
+    out = ops.int_gemm_nt(a, b, sa, sb, torch.float32, "reference")
+    assert torch.equal(out, exact.mul(sa).mul(sb.T))
+
+
+def test_int32_chunks_never_leave_a_one_column_chunk(monkeypatch):
+    """K = chunk + 1 would leave a one-column chunk for torch._int_mm: the chunks are cut so
+    that none is shorter than two columns."""
+    seen = []
+    real = torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: seen.append(a.shape[1]) or real(a, b))
+    a = torch.randint(-127, 128, (3, 1001), dtype=torch.int8)
+    b = torch.randint(-127, 128, (4, 1001), dtype=torch.int8)
+    got = ref._int_product_i32(a, b, chunk=1000)
+    assert min(seen) >= 2 and sum(seen) == 1001, seen
+    assert torch.equal(got, (a.long() @ b.long().T).to(torch.float32))
+
+
+def test_degenerate_products_run_the_default_on_every_backend(monkeypatch):
+    """ops.int_gemm_nt hands an (M, N, K) product with a size of 0 or 1 to the default
+    implementation whatever the backend, and layer_backward declines such a layer (its
+    operations then go through int_gemm_nt)."""
+    calls = []
+    monkeypatch.setitem(ops._IMPLS["int_gemm_nt"], "probe",
+                        lambda *args: calls.append(args) or ref.int_gemm_nt(*args))
+    monkeypatch.setitem(ops._IMPLS["layer_backward"], "probe",
+                        lambda *args: pytest.fail("layer_backward on a degenerate GEMM"))
+    one = torch.ones(1, 1)
+    for m, n, k in ((1, 5, 16), (5, 1, 16), (5, 4, 1), (0, 4, 16)):
+        a = torch.ones(m, k, dtype=torch.int8)
+        b = torch.ones(n, k, dtype=torch.int8)
+        ops.int_gemm_nt(a, b, one, one, torch.float32, "probe")
+    assert calls == []
+    ops.int_gemm_nt(torch.ones(2, 16, dtype=torch.int8), torch.ones(3, 16, dtype=torch.int8),
+                    one, one, torch.float32, "probe")
+    assert len(calls) == 1
+    hq = HQArgs(4, ScaleMode.ROW, False, 0)
+    hla = HLAArgs(1, "lowpass", 8, ScaleMode.ROW, False, 0)
+    codes = ops.Quantized(torch.ones(6, 1, dtype=torch.int8), torch.ones(6, 1))
+    assert ops.layer_backward(torch.randn(3, 4), torch.randn(6, 4), codes, hq, hla, hq,
+                              torch.float32, torch.float32, False, "probe") is None
