@@ -13,10 +13,11 @@ state at run time:
         -> (y = conv2d(x, W, b), q_x, s_x)   ABC of the unfolded patches (or the patches
                                              themselves while exact; with recompute, x is kept,
                                              and backward unfolds it)
-    hot::layer_bwd(g_y2d, W2d, saved0, saved1, key, exact, seq, need_gx, need_gw, need_gb,
-                  in_features, x_dtype, w_dtype, recompute)
+    hot::layer_bwd(g_y2d, W2d, saved0, saved1, key, cfg_key, exact, seq, need_gx, need_gw,
+                  need_gb, in_features, x_dtype, w_dtype, recompute)
         -> (g_x2d, g_W2d, g_b)   (empty when not needed; with recompute, saved0 = x2d and
-                                  saved1 = the forward's step: the ABC codes are formed here)
+                                  saved1 = the forward's step: the ABC codes are formed here;
+                                  cfg_key names the forward's config, which backward runs with)
 
 ``LinearFn`` / ``ConvFn`` wire them: forward runs the forward operator and keeps what backward
 needs (one convention for both layer types: the ABC codes, or x while exact or
@@ -52,6 +53,7 @@ capturing a layer that would still change one of them raises (``_check_capturabl
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import weakref
@@ -64,7 +66,7 @@ from torch.autograd.function import once_differentiable
 from ..common import ops
 from .backward import abc_codes, hot_backward, kept_by_producer, no_autocast, patches, seq_pad
 from ..common.quant import StepSeed
-from .state import ABC_X, LayerPlan, hla_history, is_narrow, make_plan, seed_base
+from .state import ABC_X, LayerPlan, config_of, hla_history, is_narrow, make_plan, seed_base
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "float64": torch.float64}
@@ -178,6 +180,29 @@ def _abc_fake(x2d: torch.Tensor, seq: int, rank: int, bits: int, row: bool) -> o
     return ops.hla_fake(seq_pad(x2d, seq), a)
 
 
+def _first_order(backward):
+    """once_differentiable, and an error naming the layer where a higher-order gradient is
+    asked for (the backward runs with grad mode on: create_graph=True). HOT's backward quantizes
+    and has no derivative; PyTorch alone would answer a Hessian-vector product with None for
+    every parameter (allow_unused=True) or a generic "not used in the graph" error."""
+    inner = once_differentiable(backward)
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            layer = _LAYERS.get(ctx.key)
+            name = layer.hot_name if layer is not None else "?"
+            raise RuntimeError(
+                f"HOT layer {name!r}: a higher-order gradient was asked for (create_graph=True: "
+                f"double backward, a Hessian-vector product, a gradient penalty), but HOT's "
+                f"backward is quantized and has no derivative. Compute it on the plain model "
+                f"(hot.unconvert(model)) or leave these layers unconverted "
+                f"(hot.convert(..., filter=...)).")
+        return inner(ctx, *grads)
+
+    return wrapper
+
+
 # ---------------------------------------------------------------- linear
 
 
@@ -219,21 +244,22 @@ class LinearFn(torch.autograd.Function):
     # forward(ctx, ...) rather than forward + setup_context: Function.apply binds the arguments
     # of a setup_context Function through inspect.signature on every call (host time).
     @staticmethod
-    def forward(ctx, x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute):
+    def forward(ctx, x2d, w, b, key, cfg, need_gx, need_gw, exact, seq, rank, bits, row,
+                recompute):
         out = _call(linear_fwd, _linear_fwd, x2d, w, b, key, need_gx, need_gw, exact, seq, rank,
                     bits, row, recompute)
         _, q, s = out
         recompute = recompute and not exact
         saved = ((x2d,) if exact else (x2d, s) if recompute else (q, s)) if need_gw else ()
-        _setup_common(ctx, q, s, saved, w if need_gx else None, key, exact, seq, need_gx,
+        _setup_common(ctx, q, s, saved, w if need_gx else None, key, cfg, exact, seq, need_gx,
                       need_gw, x2d.shape[1], x2d.dtype, w.dtype, recompute, b is not None)
         return out
 
     @staticmethod
-    @once_differentiable
+    @_first_order
     def backward(ctx, gy2d, _gq, _gs):
         gx, gw, gb = _backward_2d(ctx, gy2d)
-        return (gx, gw, gb) + (None,) * 9
+        return (gx, gw, gb) + (None,) * 10
 
 
 # ---------------------------------------------------------------- conv2d
@@ -283,22 +309,22 @@ class ConvFn(torch.autograd.Function):
     """hot::conv_fwd with its backward (hot::layer_bwd, then F.fold)."""
 
     @staticmethod
-    def forward(ctx, x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank,
-                bits, row, recompute):
+    def forward(ctx, x, w, b, key, cfg, stride, padding, dilation, need_gx, need_gw, exact, seq,
+                rank, bits, row, recompute):
         out = _call(conv_fwd, _conv_fwd, x, w, b, key, stride, padding, dilation, need_gx,
                     need_gw, exact, seq, rank, bits, row, recompute)
         _, q, s = out
         recompute = recompute and not exact
         saved = ((q,) if exact else (x, s) if recompute else (q, s)) if need_gw else ()
         _setup_common(ctx, q, s, saved, w.reshape(w.shape[0], -1) if need_gx else None, key,
-                      exact, seq, need_gx, need_gw, w[0].numel(), x.dtype, w.dtype, recompute,
-                      b is not None)
+                      cfg, exact, seq, need_gx, need_gw, w[0].numel(), x.dtype, w.dtype,
+                      recompute, b is not None)
         ctx.geom = (tuple(stride), tuple(padding), tuple(dilation))
         ctx.x_shape, ctx.w_shape = tuple(x.shape), tuple(w.shape)
         return out
 
     @staticmethod
-    @once_differentiable
+    @_first_order
     def backward(ctx, gy, _gq, _gs):
         stride, padding, dilation = ctx.geom
         gy2d = gy.permute(0, 2, 3, 1).reshape(-1, gy.shape[1])
@@ -313,21 +339,21 @@ class ConvFn(torch.autograd.Function):
             gx = F.fold(gx, ctx.x_shape[-2:], ctx.w_shape[-2:], dilation, padding, stride)
         if gw is not None:
             gw = gw.reshape(ctx.w_shape)
-        return (gx, gw, gb) + (None,) * 12
+        return (gx, gw, gb) + (None,) * 13
 
 
 # ---------------------------------------------------------------- shared backward
 
 
-def _setup_common(ctx, q, s, saved, w2d, key, exact, seq, need_gx, need_gw, in_features, x_dtype,
-                  w_dtype, recompute, has_bias):
+def _setup_common(ctx, q, s, saved, w2d, key, cfg, exact, seq, need_gx, need_gw, in_features,
+                  x_dtype, w_dtype, recompute, has_bias):
     ctx.mark_non_differentiable(q, s)
     # q and s get no gradient: do not let autograd materialize zeros of their shapes for
     # backward (an allocation and a memset of the codes' size per call).
     ctx.set_materialize_grads(False)
     ctx.n_saved, ctx.recompute = len(saved), recompute
     ctx.save_for_backward(*saved, *((w2d,) if w2d is not None else ()))
-    ctx.key, ctx.exact, ctx.seq = key, exact, seq
+    ctx.key, ctx.cfg, ctx.exact, ctx.seq = key, cfg, exact, seq
     ctx.need_gx, ctx.need_gw, ctx.in_features = need_gx, need_gw, in_features
     ctx.x_dtype, ctx.w_dtype = _DTYPE_NAMES[x_dtype], _DTYPE_NAMES[w_dtype]
     ctx.has_bias = has_bias
@@ -343,22 +369,24 @@ def _backward_2d(ctx, gy2d, unfold=None):
         saved[0] = unfold(saved[0])
     w2d = t[ctx.n_saved] if ctx.need_gx else None
     need_gb = ctx.has_bias and ctx.needs_input_grad[2]
-    args = (gy2d, w2d, saved[0], saved[1], ctx.key, ctx.exact, ctx.seq, ctx.need_gx, ctx.need_gw,
-            need_gb, ctx.in_features, ctx.x_dtype, ctx.w_dtype, ctx.recompute)
+    args = (gy2d, w2d, saved[0], saved[1], ctx.key, ctx.cfg, ctx.exact, ctx.seq, ctx.need_gx,
+            ctx.need_gw, need_gb, ctx.in_features, ctx.x_dtype, ctx.w_dtype, ctx.recompute)
     gx, gw, gb = layer_bwd(*args) if ctx.traced else _layer_bwd(*args)
     return (gx if ctx.need_gx else None), (gw if ctx.need_gw else None), (gb if need_gb else None)
 
 
 def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[torch.Tensor],
-               saved1: Optional[torch.Tensor], key: int, exact: bool, seq: int, need_gx: bool,
+               saved1: Optional[torch.Tensor], key: int, cfg_key: int, exact: bool, seq: int,
+               need_gx: bool,
                need_gw: bool, need_gb: bool, in_features: int, x_dtype: str,
                w_dtype: str, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
     _check_capturable(layer, gy2d.device)
-    # The config is read again here: a set_config between forward and backward is the caller's
-    # choice; what fixes the saved tensors (exact, seq, rank, bits) comes from the forward. With
-    # recompute, saved1 is the step counter as the forward saw it.
-    cfg = layer.hot_config
+    # The forward's config (``cfg_key``), not the layer's live one: a set_config between a
+    # forward and its backward applies from the next forward (the saved tensors, the method and
+    # the delayed histories belong to the forward's). With recompute, saved1 is the step counter
+    # as the forward saw it.
+    cfg = config_of(cfg_key)
     seed_x = 0
     if recompute and need_gw and cfg.hla.bits and cfg.hla.rounding == "stochastic":
         seed_x = StepSeed(seed_base(cfg, layer.hot_id, ABC_X), saved1, None)
@@ -382,8 +410,8 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
             gb if gb is not None else _empty(gy2d))
 
 
-def _layer_bwd_fake(gy2d, w2d, saved0, saved1, key, exact, seq, need_gx, need_gw, need_gb,
-                    in_features, x_dtype, w_dtype, recompute):
+def _layer_bwd_fake(gy2d, w2d, saved0, saved1, key, cfg_key, exact, seq, need_gx, need_gw,
+                    need_gb, in_features, x_dtype, w_dtype, recompute):
     n, o = gy2d.shape
     gx = gy2d.new_empty((n, in_features), dtype=_DTYPES[x_dtype]) if need_gx else _empty(gy2d)
     gw = gy2d.new_empty((o, in_features), dtype=_DTYPES[w_dtype]) if need_gw else _empty(gy2d)
@@ -392,7 +420,7 @@ def _layer_bwd_fake(gy2d, w2d, saved0, saved1, key, exact, seq, need_gx, need_gw
 
 
 layer_bwd = _def("layer_bwd(Tensor gy2d, Tensor? w2d, Tensor? saved0, Tensor? saved1, int key, "
-                 "bool exact, int seq, bool need_gx, bool need_gw, bool need_gb, "
+                 "int cfg_key, bool exact, int seq, bool need_gx, bool need_gw, bool need_gb, "
                  "int in_features, str x_dtype, str w_dtype, bool recompute) "
                  "-> (Tensor, Tensor, Tensor)", _layer_bwd, _layer_bwd_fake)
 
@@ -437,11 +465,12 @@ def _codes_nbytes(rows: int, cols: int, seq: int, h, x: torch.Tensor) -> int:
 
 
 def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int, copy_rows: Optional[int]):
-    """(need_gx, need_gw, exact, seq, rank, bits, row, recompute): the constants of this call."""
+    """(cfg_key, need_gx, need_gw, exact, seq, rank, bits, row, recompute): the constants of
+    this call; cfg_key names the config the backward runs with (state.config_key)."""
     h = layer.hot_config.hla
     exact = layer._hot_exact_phase or x.numel() == 0 or is_narrow(layer, layer.hot_config)
-    return (x.requires_grad, w.requires_grad, exact, seq, h.rank, h.bits or 0,
-            h.scale == "channel", _recompute(layer, x, w, seq, copy_rows))
+    return (layer._hot_config_key, x.requires_grad, w.requires_grad, exact, seq, h.rank,
+            h.bits or 0, h.scale == "channel", _recompute(layer, x, w, seq, copy_rows))
 
 
 def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
@@ -464,6 +493,6 @@ def conv2d(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], g
         out = [(x.shape[2 + i] + 2 * padding[i] - dilation[i] * (w.shape[2 + i] - 1) - 1)
                // stride[i] + 1 for i in (0, 1)]
         rows = x.shape[0] * out[0] * out[1]
-    y, _, _ = ConvFn.apply(x, w, b, layer._hot_key, stride, padding, dilation,
-                           *_flags(layer, x, w, seq, rows))
+    cfg, *flags = _flags(layer, x, w, seq, rows)
+    y, _, _ = ConvFn.apply(x, w, b, layer._hot_key, cfg, stride, padding, dilation, *flags)
     return y

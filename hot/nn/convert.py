@@ -108,8 +108,9 @@ def convert(
     backend: 'reference', 'fast' or 'auto'; default: HOT_BACKEND, else 'auto'. Checked now (an
         unknown name fails here); where 'fast' cannot run is checked at the first forward, on the
         input's device.
-    Containers are converted in place. A bare layer is not: use the return value,
-    ``layer = hot.convert(layer)``. The new layers share the original Parameter objects.
+    Everything converts in place: a container's layers are replaced by HOT layers that share
+    the original Parameter objects, and a bare layer becomes a HOT layer itself (its class
+    changes), so the return value is always ``model``.
     """
     config = HOTConfig() if config is None else config
     if not isinstance(config, HOTConfig):
@@ -140,30 +141,36 @@ def convert(
             continue
         targets.append((fqn, mod))
     for fqn, mod in targets:
-        new = hot_class(type(mod)).from_module(mod, config, fqn, backend)
         converted[type(mod).__name__] += 1
-        if not fqn:
-            model = new
+        if not fqn:  # the model is a bare layer: it becomes a HOT layer itself
+            hot_class(type(mod)).convert_in_place(mod, config, fqn, backend)
         else:
-            _replace(model, fqn, new)
+            _replace(model, fqn, hot_class(type(mod)).from_module(mod, config, fqn, backend))
     _log_report(converted, reconfigured, skipped)
     return model
 
 
+def _strip_hot(mod: nn.Module) -> None:
+    """Remove what _hot_init added (HOT_BUFFERS, HOT_ATTRS) from ``mod``."""
+    for k in HOT_BUFFERS:
+        mod._buffers.pop(k, None)
+        mod._non_persistent_buffers_set.discard(k)
+    for k in HOT_ATTRS:
+        mod.__dict__.pop(k, None)
+
+
 def unconvert(model: nn.Module) -> nn.Module:
-    """Restore each HOT layer's original class (same Parameters) in place; returns ``model``
-    (for a bare HOT layer, the restored layer)."""
+    """Restore each HOT layer's original class (same Parameters) in place, a bare HOT layer
+    included (its class changes back); returns ``model``."""
     for fqn, mod in list(model.named_modules()):
         if not isinstance(mod, (HOTLinear, HOTConv2d)):
             continue
-        plain = _adopt(original_class(type(mod)), mod)
-        for k in HOT_BUFFERS:
-            plain._buffers.pop(k, None)
-            plain._non_persistent_buffers_set.discard(k)
-        for k in HOT_ATTRS:
-            plain.__dict__.pop(k, None)
         if not fqn:
-            return plain
+            mod.__class__ = original_class(type(mod))
+            _strip_hot(mod)
+            return mod
+        plain = _adopt(original_class(type(mod)), mod)
+        _strip_hot(plain)
         _replace(model, fqn, plain)
     return model
 

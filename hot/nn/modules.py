@@ -18,7 +18,7 @@ import torch.nn as nn
 from ..common.backend import resolve_backend
 from ..common.config import HOTConfig
 from . import autograd
-from .state import ABC_X, GY_HLA, LQS_UNDECIDED
+from .state import ABC_X, GY_HLA, LQS_UNDECIDED, config_key
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -26,11 +26,18 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 # What _hot_init adds to a module (unconvert removes exactly these).
 HOT_BUFFERS = ("hot_step", "hot_lqs")
 HOT_ATTRS = ("hot_config", "hot_name", "hot_backend", "hot_id", "hot_lqs_stats", "_hot_resolved",
-             "_hot_step_value", "_hot_lqs_value", "_hot_exact_phase", "_hot_key", "_hot_hist")
+             "_hot_step_value", "_hot_lqs_value", "_hot_exact_phase", "_hot_key", "_hot_hist",
+             "_hot_config_key")
 
 
 class HOTLayerError(ValueError):
     """Bad input to a HOT layer; the message names the layer, the value and the fix."""
+
+
+def _fresh_lqs_stats() -> list:
+    """LQS's summed statistics and passes, on the CPU whatever the default device (a model built
+    under ``torch.device("meta")`` must still calibrate once its weights are loaded)."""
+    return [torch.zeros(3, dtype=torch.float64, device="cpu"), 0]
 
 
 def _adopt(cls, mod: nn.Module):
@@ -60,8 +67,18 @@ class _HOTMixin:
         new._hot_init(config, name, backend)
         return new
 
+    @classmethod
+    def convert_in_place(cls, mod: nn.Module, config: HOTConfig, name: str = "",
+                         backend: Optional[str] = None):
+        """Make ``mod`` itself a ``cls`` (a bare layer handed to hot.convert: the caller's
+        reference must not silently stay an exact layer). ``cls`` is hot_class(type(mod))."""
+        mod.__class__ = cls
+        mod._hot_init(config, name, backend)
+        return mod
+
     def _hot_init(self, config: HOTConfig, name: str, backend: Optional[str]) -> None:
         self.hot_config = config
+        self._hot_config_key = config_key(config)
         self.hot_name = name
         self.hot_backend = backend
         self.hot_id = zlib.crc32(name.encode())
@@ -69,7 +86,7 @@ class _HOTMixin:
         self.register_buffer("hot_step", torch.zeros((), dtype=torch.int64, device=dev))
         self.register_buffer("hot_lqs", torch.full((), LQS_UNDECIDED, dtype=torch.int8, device=dev))
         # LQS calibration: the summed statistics (hot.common.lqs, on the CPU) and the passes seen.
-        self.hot_lqs_stats = [torch.zeros(3, dtype=torch.float64), 0]
+        self.hot_lqs_stats = _fresh_lqs_stats()
         self._hot_resolved: dict = {}
         # Python mirrors of the two persistent buffers: reading a CUDA buffer every step would
         # synchronize the GPU; writing it (fill_) does not.
@@ -80,14 +97,16 @@ class _HOTMixin:
         self._hot_hist: dict = {}
         self._hot_make_histories()
 
-    def _hot_make_histories(self, dev: Optional[torch.device] = None) -> None:
+    def _hot_make_histories(self, dev: Optional[torch.device] = None,
+                            config: Optional[HOTConfig] = None) -> None:
         """Zeroed histories for HLAConfig.amax = "delayed" (hot.nn.state.hla_history) on
         ``dev`` (default: the weight's) where there are none of the right size there, made
         when the config asks for them rather than at a layer's first pass: a first pass inside
         a CUDA graph's warm-up would otherwise allocate them from the graph's private pool.
         Not buffers: DDP would broadcast them every step and the state dict would keep them;
-        _apply moves them with the module."""
-        if self.hot_config.hla.amax != "delayed":
+        _apply moves them with the module. ``config``: the config they are for (default: the
+        layer's; a backward runs with its forward's)."""
+        if (config or self.hot_config).hla.amax != "delayed":
             return
         dev = self.weight.device if dev is None else dev
         if dev.type == "meta":
@@ -104,6 +123,8 @@ class _HOTMixin:
         super().__setstate__(state)
         if "_hot_key" in self.__dict__:
             self._hot_key = autograd.register(self)
+            # config keys are process-local: name the config again in this process
+            self._hot_config_key = config_key(self.hot_config)
 
     def __reduce_ex__(self, protocol):
         # The HOT class of a subclass is made at run time (hot_class): pickle it as "the HOT
@@ -164,7 +185,7 @@ class _HOTMixin:
         self._hot_lqs_value = int(choice)
         self.hot_lqs.fill_(int(choice))
         if choice == LQS_UNDECIDED:
-            self.hot_lqs_stats = [torch.zeros(3, dtype=torch.float64), 0]
+            self.hot_lqs_stats = _fresh_lqs_stats()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
@@ -185,6 +206,7 @@ class _HOTMixin:
             if prefix + k in missing_keys:
                 missing_keys.remove(prefix + k)
         if "_hot_step_value" in self.__dict__:
+            self._hot_materialize_state()
             if self.hot_step.device.type != "meta":
                 self.hot_step.fill_(self._hot_step_value)
                 self.hot_lqs.fill_(self._hot_lqs_value)
@@ -193,6 +215,17 @@ class _HOTMixin:
                                   f"{self._hot_lqs_value} is not -1, 0 or 1")
                 self._hot_lqs_value = LQS_UNDECIDED
             self._hot_exact_phase = self.hot_config.exact_at(self._hot_step_value)
+
+    def _hot_materialize_state(self) -> None:
+        """After load_state_dict(..., assign=True) into a model built on the meta device from a
+        checkpoint without HOT's buffers (a plain model's): the weights are real, HOT's buffers
+        still meta. Make them on the weight's device; the caller writes the host copies in."""
+        dev = self.weight.device
+        if dev.type == "meta":
+            return
+        for k, dtype in (("hot_step", torch.int64), ("hot_lqs", torch.int8)):
+            if self._buffers[k].device.type == "meta":
+                self._buffers[k] = torch.zeros((), dtype=dtype, device=dev)
 
     def _backend_for(self, device: torch.device) -> str:
         key = (str(device), self.hot_backend)
@@ -214,10 +247,20 @@ class _HOTMixin:
             )
 
     def _needs_backward(self, x: torch.Tensor) -> bool:
-        """False in inference (no_grad, or nothing requires grad): then the plain op runs."""
-        return torch.is_grad_enabled() and (
+        """False in inference (no_grad, or nothing requires grad): then the plain op runs.
+        Raises under torch.func transforms, which HOT's backward cannot take part in."""
+        needs = torch.is_grad_enabled() and (
             x.requires_grad or self.weight.requires_grad
             or (self.bias is not None and self.bias.requires_grad))
+        if needs and not torch.compiler.is_compiling() \
+                and torch._C._are_functorch_transforms_active():
+            raise HOTLayerError(
+                f"HOT layer {self.hot_name!r}: torch.func transforms (vmap, grad, jacrev, "
+                f"functional_call under them, ...) cannot differentiate through HOT's backward, "
+                f"which keeps per-layer state (step counter, seeds, LQS) per call. Use ordinary "
+                f"autograd (loss.backward()), run the transform under torch.no_grad() for "
+                f"inference, or transform the plain model (hot.unconvert(model)).")
+        return needs
 
     def _autocast(self, x, weight, bias):
         dev = x.device.type
@@ -228,7 +271,9 @@ class _HOTMixin:
         return x, weight, bias
 
     def set_hot_config(self, config: HOTConfig) -> None:
+        """A new config for the next forward; a backward still runs with its forward's."""
         self.hot_config = config
+        self._hot_config_key = config_key(config)
         self._hot_exact_phase = config.exact_at(self._hot_step_value)
         self._hot_make_histories()
 

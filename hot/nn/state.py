@@ -34,6 +34,26 @@ from ..common.quant import M32, StepSeed, seed_prefix
 LQS_UNDECIDED, LQS_TENSOR, LQS_TOKEN = -1, lqs.TENSOR, lqs.TOKEN
 
 
+# Configs by a process-local integer key: a layer's backward runs with the config of its forward
+# (the key travels from the forward to hot::layer_bwd as a constant), whatever set_config did
+# in between. Configs are few and small, so they are kept for the process's lifetime.
+_CONFIG_KEYS: dict = {}
+_CONFIGS: list = []
+
+
+def config_key(cfg: HOTConfig) -> int:
+    """The integer naming ``cfg`` in this process (equal configs share one)."""
+    key = _CONFIG_KEYS.get(cfg)
+    if key is None:
+        key = _CONFIG_KEYS[cfg] = len(_CONFIGS)
+        _CONFIGS.append(cfg)
+    return key
+
+
+def config_of(key: int) -> HOTConfig:
+    return _CONFIGS[key]
+
+
 @dataclass(frozen=True)
 class LayerPlan:
     """Decisions taken in forward that backward must honour."""
@@ -94,7 +114,7 @@ def hla_history(layer, cfg: HOTConfig, operand: int, device: torch.device) -> Op
         return None
     h = layer.__dict__.get("_hot_hist", {}).get(operand)
     if h is None or h.device != device:
-        layer._hot_make_histories(device)
+        layer._hot_make_histories(device, cfg)
         h = layer._hot_hist[operand]
     return h
 
@@ -161,11 +181,17 @@ def begin_backward(layer, plan: LayerPlan, gy2d: torch.Tensor) -> BackwardPlan:
     with layer.hot_advance_step() once the call's kernels are enqueued)."""
     cfg = plan.config
     step = layer.hot_step_value()
-    if plan.exact:
-        return BackwardPlan(True, 0, ScaleMode.TENSOR, 0, 0, 0)
     bits = cfg.hq.bits or 0
     if bits and step < cfg.exact_steps + cfg.int8_steps:
         bits = 8
+    if plan.exact:
+        if bits and not (cfg.exact_at(step) or is_narrow(layer, cfg)):
+            # Exact only because this rank's input had no tokens: another rank's is not, and its
+            # LQS calibration reaches the decision's all-reduce on this pass. Take part (the
+            # pass contributes nothing), so that every rank makes the same collective calls
+            # whatever its data.
+            _lqs_mode(layer, cfg, gy2d, bits)
+        return BackwardPlan(True, 0, ScaleMode.TENSOR, 0, 0, 0)
     mode = _lqs_mode(layer, cfg, gy2d, bits) if bits else ScaleMode.TENSOR
     return BackwardPlan(False, bits, mode, layer_seed(layer, cfg, GY_HQ, step),
                         layer_seed(layer, cfg, W_HQ, step), layer_seed(layer, cfg, GY_HLA, step),

@@ -95,7 +95,8 @@ def _int_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b^T of int8 codes, the exact integer result rounded once to float32.
 
     On CPU: the integer GEMM (torch._int_mm, int32 sums) over chunks of K short enough that no
-    int32 sum can overflow and never of one column (_INT_MM_MIN_K), chunk sums added in int64: exact by construction, 1.1-4x faster than
+    int32 sum can overflow and never of one column (_INT_MM_MIN_K), chunk sums added in
+    int64: exact by construction, 1.1-4x faster than
     the float path on the demo's shapes. Elsewhere a float32 GEMM, exact when every partial sum
     is an integer below 2^24, i.e. when the contraction length times max|a| max|b| is. Longer
     contractions (HLA's INT8 g_W GEMM): on CUDA one float64 GEMM (no host reads: CUDA graphs

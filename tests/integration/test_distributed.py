@@ -204,3 +204,42 @@ def test_lqs_calibration_survives_a_rank_with_zero_or_nan_g_y():
     assert equal1 and equal2, "LQS decided differently on different ranks"
     # The last layer's g_y: rank 0's first pass is usable, so both ranks decide after it.
     assert first[-1] in (0, 1) and second == first
+
+
+def _empty_batch_worker(rank: int, world: int, port: int, out: dict):
+    """Rank 1's first batch is empty while LQS still calibrates; rank 0's is not, so rank 0
+    reaches the decision's all-reduce on that pass. Rank 1 must make the same collective calls
+    (else gloo aborts and NCCL hangs), and both must decide alike, under DDP too."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        net = hot.convert(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)),
+                          backend="reference")
+        ddp = nn.parallel.DistributedDataParallel(net)
+        decided = []
+        for step in range(2):
+            rows = 0 if (rank == 1 and step == 0) else 48
+            x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(step * 2 + rank))
+            ddp(x).square().sum().backward()
+            lqs = torch.tensor([m.hot_lqs_value() for _, m in hot.hot_layers(net)])
+            lqs_all = [torch.empty_like(lqs) for _ in range(world)]
+            dist.all_gather(lqs_all, lqs)
+            decided.append((lqs_all[0].tolist(), all(torch.equal(lqs_all[0], t) for t in lqs_all)))
+        if rank == 0:
+            out["decided"] = decided
+        del ddp
+        _finish()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+def test_lqs_calibration_with_an_empty_local_batch_keeps_the_collectives_matched():
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    res = _run_two_ranks(_empty_batch_worker)
+    (first, equal1), (second, equal2) = res["decided"]
+    assert equal1 and equal2, "LQS decided differently on different ranks"
+    assert all(c in (0, 1) for c in first) and second == first  # decided on the first pass

@@ -238,9 +238,8 @@ def test_double_backward_raises_instead_of_a_wrong_hessian_vector_product():
     net = hot.convert(nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)),
                       hot.HOTConfig.exact(), backend="reference")
     x = torch.randn(3, 4, requires_grad=True)
-    (g,) = torch.autograd.grad(net(x).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
-        g.sum().backward()
+    with pytest.raises(RuntimeError, match="HOT layer '2': a higher-order gradient"):
+        torch.autograd.grad(net(x).sum(), x, create_graph=True)
 
 
 @pytest.mark.parametrize("cfg", [hot.HOTConfig.exact(), hot.HOTConfig()])
