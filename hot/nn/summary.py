@@ -54,13 +54,11 @@ class ConvertSummary:
         share = f" ({100 * hot_w / all_w:.1f}% of their weights)" if all_w else ""
         lines = [f"HOT backward on {len(self.converted)} of {self.total} Linear/Conv2d "
                  f"layers{share}"]
-        rows = self.rows()
-        width = max(len(s) for s, _ in rows)
-        lines.append(f"  {'status':<{width}}  {'layers':>6}  {'weights':>11}  names")
-        for status, names in rows:
+        lines.append(f"  {'layers':>6}  {'weights':>11}  status: names")
+        for status, names in self.rows():
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
             w = sum(self.weights[n] for n in names)
-            lines.append(f"  {status:<{width}}  {len(names):>6}  {w:>11,}  {shown}")
+            lines.append(f"  {len(names):>6}  {w:>11,}  {status}: {shown or '-'}")
         return "\n".join(lines)
 
     __repr__ = __str__
