@@ -61,7 +61,7 @@ def _stack(n: int, width: int, use_hot: bool) -> nn.Module:
         layers += [nn.Linear(width, width), nn.ReLU()]
     m = nn.Sequential(*layers)
     if use_hot:
-        hot.convert(m, hot.HOTConfig(seed=0), backend="fast")
+        hot.convert(m, hot.HOTConfig(seed=0), convert_head=True, backend="fast")
     return m
 
 

@@ -31,7 +31,7 @@ def _model(method: str, a):
     m = build_model("tiny-vit", classes=10, input_shape=(1, 28, 28), vit_dim=a.dim,
                     vit_depth=a.depth, vit_heads=4, vit_mlp=2 * a.dim, vit_patch=a.patch).model
     if method == "hot":
-        hot.convert(m, hot.HOTConfig(), backend="reference")
+        hot.convert(m, hot.HOTConfig(), convert_head=True, backend="reference")
     return m
 
 

@@ -82,7 +82,7 @@ def main() -> None:
             cfg = hot.HOTConfig(seed=0)
             if ABC[mode] is not None:
                 cfg = cfg.replace(hla={"abc": ABC[mode]})
-            hot.convert(m, cfg, backend="reference")
+            hot.convert(m, cfg, convert_head=True, backend="reference")
         torch._dynamo.reset()
         flag = fc.patch(ban_recompute_materialized_backward=False) if a.rc_flag \
             else contextlib.nullcontext()

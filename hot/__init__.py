@@ -12,10 +12,10 @@ HOT changes only the backward pass of nn.Linear and nn.Conv2d layers:
 """
 
 from . import reference  # noqa: F401  (registers the reference backend and the default ops)
-from .common.backend import BackendUnavailableError, register_loader
+from .common.backend import BackendUnavailableError, is_available, register_loader
 from .common.config import HLAConfig, HOTConfig, HOTConfigError, HQConfig, LQSConfig
-from .nn import (HOTConv2d, HOTLayerError, HOTLinear, convert, hot_layers, plain_state_dict,
-                 set_config, unconvert)
+from .nn import (ConvertSummary, HOTConv2d, HOTLayerError, HOTLinear, convert, hot_layers,
+                 plain_state_dict, set_config, summary, unconvert)
 
 
 def _load_fast() -> None:
@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "HOTConfig", "HQConfig", "HLAConfig", "LQSConfig", "HOTConfigError",
-    "convert", "unconvert", "set_config", "hot_layers", "plain_state_dict",
+    "convert", "unconvert", "set_config", "hot_layers", "plain_state_dict", "summary",
+    "ConvertSummary", "is_available",
     "HOTLinear", "HOTConv2d", "HOTLayerError", "BackendUnavailableError",
 ]

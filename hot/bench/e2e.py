@@ -204,7 +204,7 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
             cfg = cfg.replace(hla={"amax": hla_amax})
         backend = "reference" if mode.method == "hot_ref" or dev.type != "cuda" else "fast"
         filt = (lambda fqn, _: fqn != w.head) if exclude_head else None
-        hot.convert(m, cfg, filter=filt, backend=backend)
+        hot.convert(m, cfg, filter=filt, convert_head=True, backend=backend)
         return {"hot_backend": backend, "hot_layers": len(hot.hot_layers(m)),
                 "min_in_features": min_in_features, "hla_amax": cfg.hla.amax}
     if mode.method in FLOAT8_RECIPES:

@@ -31,7 +31,10 @@ class Method:
 
 
 def _hot(model: nn.Module, config, filt, backend):
-    hot.convert(model, config, filter=filt, backend=backend)
+    # The paper's setting: every layer, the output head too (the library's default leaves it);
+    # LoRA runs pass a filter that names the layers, adapters included where asked for.
+    hot.convert(model, config, filter=filt, convert_head=True, convert_adapters=True,
+                backend=backend)
     if not hot.hot_layers(model):
         raise ValueError("method 'hot': no nn.Linear / nn.Conv2d was converted (check the model "
                          "and the LoRA settings); nothing would use HOT.")

@@ -83,3 +83,26 @@ def resolve_backend(name: Optional[str], device: torch.device, layer: str = "") 
             f"Use backend='reference' (or HOT_BACKEND=reference), or 'auto' to fall back."
         )
     return BackendName.REFERENCE.value
+
+
+def is_available(backend: str = "fast", device=None, return_reason: bool = False):
+    """Whether ``backend`` can run on ``device`` (default: the current CUDA device where CUDA is
+    available, else the CPU), as TransformerEngine's is_fp8_available: with return_reason=True,
+    ``(available, reason)``, ``reason`` None where the backend runs as itself. 'reference' runs
+    everywhere; 'auto' always runs, and where it would fall back to the reference its reason
+    says so and why fast cannot run."""
+    name = requested_backend(backend)
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+    device = torch.device(device)
+    why = None
+    if name != BackendName.REFERENCE:
+        try:
+            why = get_backend(BackendName.FAST.value).why_unavailable(device)
+        except BackendUnavailableError as e:
+            why = str(e)
+    ok = why is None or name == BackendName.AUTO
+    if name == BackendName.AUTO and why is not None:
+        why = f"'auto' runs the reference backend on {device}: fast cannot run ({why})"
+    return (ok, why) if return_reason else ok

@@ -1,71 +1,32 @@
 """convert / unconvert: swap nn.Linear and nn.Conv2d for their HOT versions.
 
-Which modules convert: nn.Linear and groups=1 nn.Conv2d, and their subclasses that compute the
-parent's forward (nn.modules.linear.NonDynamicallyQuantizableLinear, a subclass that only adds
-attributes or methods). A subclass with a forward of its own (timm's StdConv2d and Conv2dSame,
-which standardize weights or pad asymmetrically) stays as it is: HOT would replace that forward.
-Also left alone: lazy modules whose parameters are not materialized yet, the projections inside
-nn.MultiheadAttention (it reads their weights directly and never calls them), and grouped or
-depthwise convolutions. What was converted and what was skipped, and why, is logged (logger
-"hot", one line per kind); skips a user may not expect (a subclass with its own forward, lazy
-modules) are also summarized in one warning.
+Which modules convert, and the reasons others are left alone, are in ``hot.nn.selection``; what
+a call did is logged (logger "hot"), kept for ``hot.summary(model)``, and warned about where a
+user may not expect it: nothing converted, a layer the filter chose left alone by a default
+(the output head, LoRA adapters), a subclass with its own forward or a lazy module.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import warnings
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Callable, Optional
 
 import torch.nn as nn
-from torch.nn.modules.lazy import LazyModuleMixin
 
 from ..common.backend import requested_backend
 from ..common.config import HOTConfig, HOTConfigError
-from .modules import (HOT_ATTRS, HOT_BUFFERS, HOTConv2d, HOTLinear, _adopt, conv_supported,
-                      hot_class, original_class)
+from . import hfsave
+from .modules import HOT_ATTRS, HOT_BUFFERS, HOTConv2d, HOTLinear, _adopt, hot_class, original_class
+from .selection import (ADAPTER, FILTERED, HEAD, UNSUPPORTED, filter_fn, linear_or_conv,
+                        output_head, reason_left)
+from .summary import RECORD, summary
 
-FilterFn = Callable[[str, nn.Module], bool]
 log = logging.getLogger("hot")
 
-_TORCHAO_ORDER = ({"mod", "module", "m"}, {"fqn", "name", "path"})
-
-
-def _keeps_parent_forward(mod: nn.Module, base: type) -> bool:
-    cls = type(mod)
-    if cls.forward is not base.forward:
-        return False
-    return base is not nn.Conv2d or cls._conv_forward is nn.Conv2d._conv_forward
-
-
-def _why_not(mod: nn.Module, parent: Optional[nn.Module]) -> Optional[str]:
-    """None if ``mod`` converts, else the reason it stays (its kind of skip)."""
-    if isinstance(mod, LazyModuleMixin) and mod.has_uninitialized_params():
-        return "lazy, parameters not materialized (run one forward, then convert)"
-    if isinstance(parent, nn.MultiheadAttention):
-        return "projection inside nn.MultiheadAttention (it reads the weight directly)"
-    base = nn.Linear if isinstance(mod, nn.Linear) else nn.Conv2d
-    if not _keeps_parent_forward(mod, base):
-        return f"subclass {type(mod).__name__} with its own forward (HOT would replace it)"
-    if base is nn.Conv2d:
-        return conv_supported(mod)
-    return None
-
-
-def _filter_fn(filter: Optional[FilterFn]) -> Optional[FilterFn]:
-    """``filter`` called as filter(fqn, module); a function whose parameters are named in
-    torchao's order (module, fqn) is called that way round."""
-    if filter is None:
-        return None
-    try:
-        names = [p.name for p in inspect.signature(filter).parameters.values()][:2]
-    except (TypeError, ValueError):
-        names = []
-    if len(names) == 2 and (names[0] in _TORCHAO_ORDER[0] or names[1] in _TORCHAO_ORDER[1]):
-        return lambda fqn, mod: filter(mod, fqn)
-    return filter
+# What a default exclusion says when the filter had chosen the layer: the argument that converts it.
+_OVERRIDE = {HEAD: "convert_head=True", ADAPTER: "convert_adapters=True"}
 
 
 def _replace(root: nn.Module, fqn: str, new: nn.Module) -> None:
@@ -74,58 +35,92 @@ def _replace(root: nn.Module, fqn: str, new: nn.Module) -> None:
     setattr(parent, child, new)
 
 
-def _log_report(converted: Counter, reconfigured: int, skipped: dict) -> None:
-    kinds = ", ".join(f"{n} {k}" for k, n in sorted(converted.items())) or "no layer"
-    log.info("hot.convert: converted %s%s", kinds,
+def _shown(fqns) -> str:
+    return ", ".join(repr(f) for f in fqns[:3]) + (", ..." if len(fqns) > 3 else "")
+
+
+def _report(model: nn.Module, converted: Counter, reconfigured: int, chosen_but_left: dict) -> None:
+    """The log lines, and one warning for what a user may not expect."""
+    s = summary(model)
+    made = ", ".join(f"{n} {k}" for k, n in sorted(converted.items())) or "no layer"
+    log.info("hot.convert: converted %s%s", made,
              f"; {reconfigured} HOT layers given the new config" if reconfigured else "")
     surprising = []
-    for why, fqns in sorted(skipped.items()):
-        shown = ", ".join(repr(f) for f in fqns[:3]) + (", ..." if len(fqns) > 3 else "")
-        log.info("hot.convert: left %d as they are: %s (%s)", len(fqns), why, shown)
-        if why.startswith(("subclass", "lazy")):
-            surprising.append(f"{len(fqns)} {why}: {shown}")
+    for why, fqns in sorted(s.left.items()):
+        log.info("hot.convert: left %d as they are: %s (%s)", len(fqns), why, _shown(fqns))
+        detail = why.partition(": ")[2]
+        if why.startswith(UNSUPPORTED) and detail.startswith(("subclass", "lazy")):
+            surprising.append(f"{len(fqns)} {detail}: {_shown(fqns)}")
+    for why, fqns in sorted(chosen_but_left.items()):
+        surprising.append(f"{len(fqns)} the filter chose but left as the {why} ({_shown(fqns)}; "
+                          f"pass {_OVERRIDE[why]} to convert them)")
+    if not converted and not reconfigured:
+        why = "; ".join(f"{len(v)} {k}" for k, v in sorted(s.left.items())) or "it has none"
+        surprising.insert(0, f"no layer of {type(model).__name__} was converted ({why}), so "
+                             f"nothing runs HOT's backward; print(hot.summary(model)) lists them")
     if surprising:
-        warnings.warn("hot.convert left these layers unconverted: " + "; ".join(surprising),
-                      stacklevel=3)
+        warnings.warn("hot.convert: " + "; ".join(surprising), stacklevel=3)
+
+
+def _record(model: nn.Module, left: dict) -> None:
+    """Keep each left-alone layer's reason for hot.summary; a later call's filter does not hide
+    an earlier reason (a call that only re-configures a few layers filters all the others)."""
+    if not left and RECORD not in model.__dict__:
+        return
+    rec = model.__dict__.setdefault(RECORD, {})
+    for fqn, why in left.items():
+        if why != FILTERED or fqn not in rec:
+            rec[fqn] = why
 
 
 def convert(
     model: nn.Module,
     config: Optional[HOTConfig] = None,
     *,
-    filter: Optional[FilterFn] = None,
     module_filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
+    filter: Optional[Callable[[str, nn.Module], bool]] = None,
+    convert_head: bool = False,
+    convert_adapters: bool = False,
     backend: Optional[str] = None,
 ) -> nn.Module:
-    """Make every nn.Linear and groups=1 nn.Conv2d of ``model`` a HOT layer (module docstring
-    says which subclasses and which layers are left alone); returns the model.
+    """Make the nn.Linear and groups=1 nn.Conv2d layers of ``model`` HOT layers; returns the model.
 
     config: HOTConfig (default: the paper's setting). Layers that are already HOT layers and
         pass the filter take this config (their step counters and LQS decisions are kept).
-    filter: ``filter(fqn, module) -> bool``; only modules for which it returns True convert.
-        A function whose parameters are named (module, fqn), torchao's order, is called so.
-    module_filter_fn: the same in torchao's order, ``module_filter_fn(module, fqn)``.
+    module_filter_fn: ``module_filter_fn(module, fqn) -> bool`` (torchao's signature); only
+        modules for which it returns True convert.
+    filter: the older spelling, ``filter(fqn, module) -> bool`` (kept as an alias; a function
+        whose parameters are named (module, fqn) is called so). Not both.
+    convert_head: also convert the model's output head (hot.nn.selection.output_head), which is
+        otherwise left exact.
+    convert_adapters: also convert peft's lora_A / lora_B factors (otherwise only their frozen
+        base_layer converts).
     backend: 'reference', 'fast' or 'auto'; default: HOT_BACKEND, else 'auto'. Checked now (an
         unknown name fails here); where 'fast' cannot run is checked at the first forward, on the
         input's device.
     Everything converts in place: a container's layers are replaced by HOT layers that share
     the original Parameter objects, and a bare layer becomes a HOT layer itself (its class
-    changes), so the return value is always ``model``.
+    changes), so the return value is always ``model``. ``hot.summary(model)`` lists what
+    converted and what was left alone, by reason.
     """
     config = HOTConfig() if config is None else config
     if not isinstance(config, HOTConfig):
         raise TypeError(f"config must be a hot.HOTConfig, got {type(config).__name__}; "
                         f"build one with hot.HOTConfig(...) or HOTConfig.from_dict(...)")
     if filter is not None and module_filter_fn is not None:
-        raise HOTConfigError("pass filter or module_filter_fn, not both")
-    keep = _filter_fn(filter) or (
-        (lambda fqn, mod: module_filter_fn(mod, fqn)) if module_filter_fn is not None else None)
+        raise HOTConfigError("hot.convert: pass module_filter_fn or filter (its older spelling), "
+                             "not both")
+    keep = filter_fn(filter, module_filter_fn)
     requested_backend(backend)  # validates the name early
-    parents = {fqn: m for fqn, m in model.named_modules()}
+    parents = dict(model.named_modules())
+    head = output_head(model)
     targets, reconfigured = [], 0
-    converted, skipped = Counter(), defaultdict(list)
-    for fqn, mod in model.named_modules():
-        if not isinstance(mod, (nn.Linear, nn.Conv2d)) or (keep is not None and not keep(fqn, mod)):
+    left, chosen_but_left = {}, {}
+    for fqn, mod in linear_or_conv(model):
+        name = fqn or "<root>"
+        if keep is not None and not keep(fqn, mod):
+            if not isinstance(mod, (HOTLinear, HOTConv2d)):
+                left[name] = FILTERED
             continue
         if isinstance(mod, (HOTLinear, HOTConv2d)):
             mod.set_hot_config(config)
@@ -133,20 +128,24 @@ def convert(
             mod._hot_resolved.clear()
             reconfigured += 1
             continue
-        if isinstance(mod, nn.Linear) and len(mod._modules) > 0:
-            continue  # a container (peft's lora.Linear wraps a base_layer): its children convert
-        why = _why_not(mod, parents.get(fqn.rpartition(".")[0]) if fqn else None)
-        if why is not None:
-            skipped[why].append(fqn or "<root>")
+        why = reason_left(fqn, mod, parents.get(fqn.rpartition(".")[0]) if fqn else None,
+                          head, convert_head, convert_adapters)
+        if why is None:
+            targets.append((fqn, mod))
             continue
-        targets.append((fqn, mod))
+        left[name] = why
+        if keep is not None and why in _OVERRIDE:
+            chosen_but_left.setdefault(why, []).append(name)
+    converted = Counter()
     for fqn, mod in targets:
         converted[type(mod).__name__] += 1
         if not fqn:  # the model is a bare layer: it becomes a HOT layer itself
             hot_class(type(mod)).convert_in_place(mod, config, fqn, backend)
         else:
             _replace(model, fqn, hot_class(type(mod)).from_module(mod, config, fqn, backend))
-    _log_report(converted, reconfigured, skipped)
+    _record(model, left)
+    hfsave.refresh(model)
+    _report(model, converted, reconfigured, chosen_but_left)
     return model
 
 
@@ -157,6 +156,7 @@ def _strip_hot(mod: nn.Module) -> None:
         mod._non_persistent_buffers_set.discard(k)
     for k in HOT_ATTRS:
         mod.__dict__.pop(k, None)
+    mod.__dict__.pop(RECORD, None)
 
 
 def unconvert(model: nn.Module) -> nn.Module:
@@ -172,6 +172,8 @@ def unconvert(model: nn.Module) -> nn.Module:
         plain = _adopt(original_class(type(mod)), mod)
         _strip_hot(plain)
         _replace(model, fqn, plain)
+    model.__dict__.pop(RECORD, None)
+    hfsave.refresh(model)
     return model
 
 

@@ -238,7 +238,7 @@ class _HOTMixin:
             raise HOTLayerError(
                 f"HOT layer {self.hot_name!r}: input dtype {x.dtype} is not supported; "
                 f"use float32, bfloat16, float16 or float64 (e.g. x.float()), or exclude this layer "
-                f"with hot.convert(..., filter=...)."
+                f"with hot.convert(..., module_filter_fn=...)."
             )
         if self.weight.dtype not in SUPPORTED_DTYPES:
             raise HOTLayerError(

@@ -5,6 +5,7 @@ import pytest
 import torch.nn as nn
 
 import hot
+from hot.cli.methods import METHODS
 from hot.cli.trainer import lora_filter
 
 TINY = ["--dataset", "mnist-5k", "--train-size", 128, "--test-size", 64, "--batch-size", 64,
@@ -65,7 +66,7 @@ def test_lora_filter_picks_the_frozen_base_the_factors_or_both():
 
     def converted(which):
         m = peft.get_peft_model(Net(), peft.LoraConfig(r=4, target_modules=["fc1"]))
-        hot.convert(m, filter=lora_filter(which))
+        METHODS["hot"].prepare(m, hot.HOTConfig(), lora_filter(which), None)  # as hot train does
         return sorted(n.rsplit(".", 1)[0] if n.endswith(".default") else n
                       for n, _ in hot.hot_layers(m))
 

@@ -117,3 +117,14 @@ def test_auto_picks_fast_where_it_can_run(monkeypatch):
     assert resolve_backend("auto", dev) == "fast"
     assert resolve_backend("fast", dev) == "fast"
     assert resolve_backend("reference", dev) == "reference"
+
+
+def test_is_available_says_why_fast_cannot_run_on_the_cpu():
+    ok, why = hot.is_available("fast", "cpu", return_reason=True)
+    assert ok is False and "cpu" in why
+    assert hot.is_available("fast", torch.device("cpu")) is False
+    assert hot.is_available("reference", "cpu", return_reason=True) == (True, None)
+    ok, why = hot.is_available("auto", "cpu", return_reason=True)
+    assert ok is True and "reference" in why and "cpu" in why
+    with pytest.raises(BackendUnavailableError, match="'fastest'"):
+        hot.is_available("fastest")

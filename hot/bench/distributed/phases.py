@@ -105,7 +105,7 @@ def build(ctx, phase: Phase, config=None) -> nn.Module:
     """The phase's model from the fixed seed, with HOT layers for method 'hot'."""
     raw = ctx.workload(phase.workload).build(ctx.device, ctx.opts.init_seed)
     if phase.method == "hot":
-        hot.convert(raw, config or phase.hot_config(), backend=ctx.opts.backend)
+        hot.convert(raw, config or phase.hot_config(), convert_head=True, backend=ctx.opts.backend)
     return raw
 
 
