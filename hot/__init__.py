@@ -16,6 +16,8 @@ from .common.backend import BackendUnavailableError, register_loader
 from .common.config import HLAConfig, HOTConfig, HOTConfigError, HQConfig, LQSConfig
 from .nn import (HOTConv2d, HOTLayerError, HOTLinear, convert, hot_layers, plain_state_dict,
                  set_config, unconvert)
+from . import recipes  # noqa: E402  (after nn: a recipe converts layers)
+from .recipes import RECIPES, Cost, Operands, Recipe, RecipeError
 
 
 def _load_fast() -> None:
@@ -30,4 +32,5 @@ __all__ = [
     "HOTConfig", "HQConfig", "HLAConfig", "LQSConfig", "HOTConfigError",
     "convert", "unconvert", "set_config", "hot_layers", "plain_state_dict",
     "HOTLinear", "HOTConv2d", "HOTLayerError", "BackendUnavailableError",
+    "recipes", "Recipe", "RECIPES", "RecipeError", "Operands", "Cost",
 ]
