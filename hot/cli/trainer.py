@@ -222,9 +222,9 @@ def backend_summary(model) -> Optional[str]:
     out = []
     for b in names:
         if b == "fast":
-            from ..fast import _ext
+            from ..fast import why_extension_unavailable
 
-            why = _ext.why_unavailable()
+            why = why_extension_unavailable()
             b = "fast (GEMMs: CUTLASS)" if why is None else f"fast (GEMMs: Triton; CUTLASS {why})"
         out.append(b)
     return ", ".join(out)
