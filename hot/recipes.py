@@ -241,3 +241,17 @@ register(Recipe("luq", "the LUQ baseline (HOTConfig.luq()): as int4 with g_y on 
 register(Recipe("lbp-wht", "the LBP-WHT baseline (HOTConfig.lbp_wht()): g_y and x projected on "
                 "8 of 16 Walsh rows along the tokens on both paths, no quantization",
                 HOTConfig.lbp_wht(), cost=Cost(gbops="lbp_wht")))
+
+
+def markdown() -> str:
+    """The registered recipes as a markdown table (docs/api.md holds it; a test compares)."""
+    rows = ["| recipe | config | autocast | g_x GEMM (D) | g_W GEMM (W) | forward keeps | "
+            "GBOPs / memory model |", "|---|---|---|---|---|---|---|"]
+    for r in RECIPES.values():
+        g = r.gemms
+        cfg = "none (exact)" if r.config is None else (
+            f"method {r.config.method!r}" + (", tunable" if r.tunable else ""))
+        cost = f"{r.cost.gbops or '-'} / {r.cost.memory or '-'}"
+        rows.append(f"| `{r.name}` | {cfg} | {_dtype_name(r.autocast) if r.autocast else '-'} | "
+                    f"{g.D.describe()} | {g.W.describe()} | {g.saves} | {cost} |")
+    return "\n".join(rows)
