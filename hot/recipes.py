@@ -218,7 +218,7 @@ def get(name: str) -> Recipe:
         return RECIPES[name]
     close = difflib.get_close_matches(str(name), list(RECIPES), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise RecipeError(f"method {name!r} is not a registered recipe{hint}; choose one of "
+    raise RecipeError(f"method {name!r} is not a registered recipe{hint}; give one of "
                       f"{', '.join(RECIPES)}.")
 
 
