@@ -1,6 +1,5 @@
 """The recipe registry: one vocabulary of methods that every tool of the hot command reads."""
 
-import argparse
 import math
 
 import pytest
