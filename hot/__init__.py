@@ -16,6 +16,8 @@ from .common.backend import BackendUnavailableError, is_available, register_load
 from .common.config import HLAConfig, HOTConfig, HOTConfigError, HQConfig, LQSConfig
 from .nn import (ConvertSummary, HOTConv2d, HOTLayerError, HOTLinear, convert, hot_layers,
                  plain_state_dict, set_config, summary, unconvert)
+from . import recipes  # noqa: E402  (after nn: a recipe converts layers)
+from .recipes import RECIPES, Cost, Operands, Recipe, RecipeError
 
 
 def _load_fast() -> None:
@@ -31,4 +33,5 @@ __all__ = [
     "convert", "unconvert", "set_config", "hot_layers", "plain_state_dict", "summary",
     "ConvertSummary", "is_available",
     "HOTLinear", "HOTConv2d", "HOTLayerError", "BackendUnavailableError",
+    "recipes", "Recipe", "RECIPES", "RecipeError", "Operands", "Cost",
 ]

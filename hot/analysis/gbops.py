@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 from .shapes import LayerShape
 
@@ -39,7 +40,8 @@ FP32_OP = 32 * 32
 INT8_MAC = 8 * 8
 INT4_MAC = 4 * 4
 INT4x8_MAC = 4 * 8
-METHODS = ("fp", "hot", "lbp_wht", "luq")
+# The counting models; a recipe names the one that describes it (hot.recipes.Cost.gbops).
+MODELS = ("fp", "hot", "lbp_wht", "luq")
 CONVENTIONS = ("table5", "official")
 
 
@@ -88,25 +90,32 @@ def backward_counts(s: LayerShape, method: str, rank: int = 8, n: int = 16,
         return Counts(fp_ops=f * (L * O * lg + L * I * lg) + gemms)
     if method == "luq":
         return Counts(fp_ops=3 * (L * O + 2 * O * I + 2 * L * I), int4x8_macs=2 * L * O * I)
-    raise ValueError(f"method {method!r}: use one of {METHODS}")
+    raise ValueError(f"counting model {method!r}: use one of {MODELS}")
 
 
 def table(shapes: list[LayerShape], rank: int = 8, convention: str = "table5",
-          hot_applies=lambda s: s.groups == 1) -> dict:
-    """Per-layer and total GBOPs: forward, and backward for every method in METHODS."""
+          hot_applies=lambda s: s.groups == 1, columns: Optional[dict] = None) -> dict:
+    """Per-layer and total GBOPs: forward, and backward for every column. ``columns`` maps a
+    column's name to (counting model, HLA rank), e.g. a recipe's name to its Cost.gbops and
+    rank; default: every model of MODELS under its own name at ``rank``. A row has
+    ``{column}_bwd_gbops``, the totals ``{column}_backward``."""
+    columns = columns if columns is not None else {m: (m, rank) for m in MODELS}
+    for name, (model, _) in columns.items():
+        if model not in MODELS:
+            raise ValueError(f"column {name!r}: counting model {model!r} is not one of {MODELS}")
     rows = []
-    tot = {"forward": 0.0, **{m: 0.0 for m in METHODS}}
+    tot = {"forward": 0.0, **{c: 0.0 for c in columns}}
     for s in shapes:
         row = {"layer": s.name, "L": s.L, "O": s.O, "I": s.I, "trainable": s.trainable,
                "forward_gbops": forward_counts(s).bops / 1e9}
         tot["forward"] += row["forward_gbops"]
-        for m in METHODS:
-            c = backward_counts(s, m, rank, convention=convention, hot_applies=hot_applies(s))
-            row[f"{m}_bwd_gbops"] = c.bops / 1e9
-            tot[m] += c.bops / 1e9
+        for c, (model, r) in columns.items():
+            n = backward_counts(s, model, r, convention=convention, hot_applies=hot_applies(s))
+            row[f"{c}_bwd_gbops"] = n.bops / 1e9
+            tot[c] += n.bops / 1e9
         row["fp_bwd_flops"] = 2 * backward_counts(s, "fp").fp_ops
         if hot_applies(s):
             row["hot_overhead_flops"] = 2 * backward_counts(s, "hot", rank, convention=convention).fp_ops
         rows.append(row)
     return {"convention": convention, "rank": rank, "layers": rows,
-            "total_gbops": {"forward": tot["forward"], **{f"{m}_backward": tot[m] for m in METHODS}}}
+            "total_gbops": {"forward": tot["forward"], **{f"{c}_backward": tot[c] for c in columns}}}

@@ -78,7 +78,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-METHODS = ("bf16", "hot", "hot_ref", "hot_exact", "float8_tw", "float8_rw")
+# e2e's methods. Its HOT and bf16 methods are recipes (hot.recipes): every step runs under
+# bf16 autocast, so "hot" is the hot-bf16 recipe (with seed 0), "hot_ref" the same on the
+# reference backend, "hot_exact" its layers with HOTConfig.exact(). The float8 methods are
+# torchao's recipes, peers measured beside HOT's, not HOT recipes.
+RECIPE_OF = {"bf16": "bf16", "hot": "hot-bf16", "hot_ref": "hot-bf16", "hot_exact": "hot-bf16"}
+FLOAT8_RECIPES = {"float8_tw": "tensorwise", "float8_rw": "rowwise"}
+MODE_METHODS = (*RECIPE_OF, *FLOAT8_RECIPES)
 SUFFIXES = ("", "_compile", "_compile_cg", "_compile_ro", "_compile_rc")
 MODELS = ("vit-b", "llama-1b", "llama-tiny")
 DEFAULT_MODES = {
@@ -88,7 +94,6 @@ DEFAULT_MODES = {
 }
 DEFAULT_BATCH = {"vit-b": 128, "llama-1b": 16, "llama-tiny": 2}
 BENCH_VOCAB = 32000  # llama-tiny's vocabulary here (the preset takes it from a tokenizer)
-FLOAT8_RECIPES = {"float8_tw": "tensorwise", "float8_rw": "rowwise"}
 
 
 class ModeError(ValueError):
@@ -97,7 +102,7 @@ class ModeError(ValueError):
 
 @dataclass(frozen=True)
 class Mode:
-    """A parsed mode name: method (METHODS), compile (None, 'default' or 'reduce-overhead') and
+    """A parsed mode name: method (MODE_METHODS), compile (None, 'default' or 'reduce-overhead') and
     recompute (the _compile_rc partitioner flag and, for HOT, abc='recompute')."""
 
     name: str
@@ -106,20 +111,29 @@ class Mode:
     recompute: bool
 
     @property
+    def recipe(self):
+        """The HOT recipe of the method (hot.recipes.Recipe); None for the float8 peers."""
+        from .. import recipes
+
+        return recipes.get(RECIPE_OF[self.method]) if self.method in RECIPE_OF else None
+
+    @property
     def hot(self) -> bool:
-        return self.method.startswith("hot")
+        """Whether the method converts layers to HOT."""
+        return self.recipe is not None and not self.recipe.exact
 
 
 def parse_mode(name: str) -> Mode:
-    """The Mode of ``name`` = one of METHODS followed by one of SUFFIXES; ModeError otherwise."""
+    """The Mode of ``name`` = one of MODE_METHODS followed by one of SUFFIXES; ModeError
+    otherwise."""
     for suffix in sorted(SUFFIXES, key=len, reverse=True):
         method = name[: len(name) - len(suffix)] if suffix else name
-        if name.endswith(suffix) and method in METHODS:
+        if name.endswith(suffix) and method in MODE_METHODS:
             comp = {"": None, "_compile": "default", "_compile_rc": "default"}.get(
                 suffix, "reduce-overhead")
             return Mode(name, method, comp, suffix == "_compile_rc")
-    raise ModeError(f"mode {name!r} is not METHOD[SUFFIX] with METHOD in {list(METHODS)} and "
-                    f"SUFFIX in {[s for s in SUFFIXES if s]} (or none), e.g. hot_compile.")
+    raise ModeError(f"mode {name!r} is not METHOD[SUFFIX] with METHOD in {list(MODE_METHODS)} "
+                    f"and SUFFIX in {[s for s in SUFFIXES if s]} (or none), e.g. hot_compile.")
 
 
 @dataclass(frozen=True)
@@ -195,7 +209,9 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
     if mode.hot:
         import hot
 
-        cfg = hot.HOTConfig.exact() if mode.method == "hot_exact" else hot.HOTConfig(seed=0)
+        recipe = mode.recipe
+        cfg = (hot.HOTConfig.exact() if mode.method == "hot_exact"
+               else recipe.config.replace(seed=0))
         if mode.recompute:
             cfg = cfg.replace(hla={"abc": "recompute"})
         if min_in_features:
@@ -204,8 +220,8 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
             cfg = cfg.replace(hla={"amax": hla_amax})
         backend = "reference" if mode.method == "hot_ref" or dev.type != "cuda" else "fast"
         filt = (lambda fqn, _: fqn != w.head) if exclude_head else None
-        hot.convert(m, cfg, filter=filt, convert_head=True, backend=backend)
-        return {"hot_backend": backend, "hot_layers": len(hot.hot_layers(m)),
+        recipe.prepare(m, cfg, filter=filt, backend=backend)
+        return {"recipe": recipe.name, "hot_backend": backend, "hot_layers": len(hot.hot_layers(m)),
                 "min_in_features": min_in_features, "hla_amax": cfg.hla.amax}
     if mode.method in FLOAT8_RECIPES:
         try:

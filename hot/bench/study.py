@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .. import recipes
+
 
 @dataclass(frozen=True)
 class Task:
@@ -57,6 +59,13 @@ class Setting:
     per_layer: bool = False     # ranks differ by layer: HLA kept from the run's hla_rank_share
     warmup_share: float = 0.0   # this share of the run's steps exact first (--exact-steps)
     about: str = ""
+
+
+def recipe_setting(method: str, name: Optional[str] = None) -> Setting:
+    """The setting that trains recipe ``method`` as registered (``hot train --method METHOD``),
+    called ``name`` (default: the recipe's name); its rank and description are the recipe's."""
+    r = recipes.get(method)
+    return Setting(name or r.name, ("--method", r.name), rank=r.rank, about=r.summary)
 
 
 TASKS = {t.name: t for t in (
@@ -86,9 +95,9 @@ TASKS = {t.name: t for t in (
 )}
 
 SETTINGS = {s.name: s for s in (
-    Setting("fp32", ("--method", "fp32"), about="exact FP32 training"),
-    Setting("bf16", ("--method", "bf16"), about="exact training under bf16 autocast"),
-    Setting("paper", ("--method", "hot"), rank=8, about="HOT as in the paper (HOTConfig())"),
+    recipe_setting("fp32"),
+    recipe_setting("bf16"),
+    recipe_setting("paper"),
     Setting("rank16", ("--method", "hot", "--hla-rank", "16"), rank=16,
             about="HQ and INT8 g_W, no low rank: what quantization alone costs"),
     Setting("rank4", ("--method", "hot", "--hla-rank", "4"), rank=4,
@@ -105,8 +114,7 @@ SETTINGS = {s.name: s for s in (
             about="the paper setting, then two epochs of exact backward at the end"),
     Setting("warmup1_cooldown1", ("--method", "hot"), rank=8, warmup_epochs=1,
             cooldown_epochs=1, about="one exact epoch first, the paper setting, one exact last"),
-    Setting("hlq", ("--method", "hot", "--gy-scale", "token", "--abc", "recompute"), rank=8,
-            about="HLQ (HOTConfig.hlq()): the paper setting without ABC and LQS"),
+    recipe_setting("hlq"),
     Setting("hlq_abc", ("--method", "hot", "--gy-scale", "token", "--abc", "save"), rank=8,
             about="HLQ + ABC (the paper's Table 1 middle row): INT8 codes saved, no LQS"),
     Setting("rank2", ("--method", "hot", "--hla-rank", "2"), rank=2,
@@ -133,12 +141,9 @@ SETTINGS = {s.name: s for s in (
             about="HOT on the trained LoRA factors only (frozen base layers exact)"),
     Setting("lora_both", ("--method", "hot", "--lora-hot", "both"), rank=8,
             about="HOT on the frozen base layers and the LoRA factors"),
-    Setting("int4", ("--method", "int4"), rank=16,
-            about="the paper's naive INT4 baseline (HOTConfig.int4())"),
-    Setting("luq", ("--method", "luq"), rank=16,
-            about="the LUQ baseline (HOTConfig.luq()): g_y on 4-bit logarithmic levels"),
-    Setting("lbp_wht", ("--method", "lbp-wht"), rank=8,
-            about="the LBP-WHT baseline (HOTConfig.lbp_wht()): low-pass g_y on both paths"),
+    recipe_setting("int4"),
+    recipe_setting("luq"),
+    recipe_setting("lbp-wht", "lbp_wht"),
     Setting("int8_2", ("--method", "hot"), rank=8, int8_epochs=2,
             about="the paper's pre-training schedule: g_x at 8 bits for 2 epochs, then 4"),
     # Where the gap comes from: each part of HOT alone.
@@ -170,7 +175,9 @@ class StudyError(ValueError):
     """Bad study arguments: says which and what to give."""
 
 
-def _names(flag: str, text: str, known: dict) -> list:
+def parse_names(flag: str, text: str, known: dict) -> list:
+    """The values of ``known`` that the comma-separated ``text`` names, in its order;
+    StudyError naming ``flag``, the unknown name and the choices."""
     out = []
     for n in (v.strip() for v in text.split(",") if v.strip()):
         if n not in known:
@@ -181,7 +188,8 @@ def _names(flag: str, text: str, known: dict) -> list:
     return out
 
 
-def _seeds(text: str) -> list[int]:
+def parse_seeds(text: str) -> list[int]:
+    """Distinct integer seeds from comma-separated ``text``; StudyError otherwise."""
     try:
         seeds = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -256,9 +264,9 @@ def _run_cell(cell: Cell, device: str, data_root: Optional[str], threads: int,
 
 
 def run(args) -> int:
-    tasks = _names("--tasks", args.tasks, TASKS)
-    settings = _names("--settings", args.settings, SETTINGS)
-    seeds = _seeds(args.seeds)
+    tasks = parse_names("--tasks", args.tasks, TASKS)
+    settings = parse_names("--settings", args.settings, SETTINGS)
+    seed_list = parse_seeds(args.seeds)
     if args.workers < 1:
         raise StudyError(f"--workers {args.workers}: give 1 or more.")
     if args.train_size:
@@ -275,7 +283,7 @@ def run(args) -> int:
     root = pathlib.Path(args.out)
     extra = tuple(["--train-size", str(args.train_size)] if args.train_size else [])
     cells = [Cell(t, s, seed, root, args.epochs or t.epochs, extra)
-             for t in tasks for s in settings for seed in seeds]
+             for t in tasks for s in settings for seed in seed_list]
     run_cells(cells, args.workers, args.device, args.data_root, args.time_limit)
     return table(argparse.Namespace(out=args.out))
 
@@ -335,12 +343,15 @@ def hla_kept(setting: Setting, steps: int, exact_steps: int,
     return (1 - setting.rank / 16) / (1 - 8 / 16) * hot_share
 
 
-def collect(root: pathlib.Path, tasks: Optional[list[Task]] = None) -> list[dict]:
-    """One row per (task, setting) with finished cells, FP32's row first within a task."""
+def collect(root: pathlib.Path, tasks: Optional[list[Task]] = None,
+            settings: Optional[list[Setting]] = None) -> list[dict]:
+    """One row per (task, setting) with finished cells, FP32's row first within a task;
+    ``settings`` (default: SETTINGS) are the ones looked for."""
     rows = []
+    settings = list(settings or SETTINGS.values())
     for task in tasks or TASKS.values():
         runs = {}
-        for s in SETTINGS.values():
+        for s in settings:
             d = root / task.name / s.name
             for f in sorted(d.glob("seed*/metrics.json")) if d.is_dir() else []:
                 m = json.loads(f.read_text())
@@ -350,7 +361,7 @@ def collect(root: pathlib.Path, tasks: Optional[list[Task]] = None) -> list[dict
         scale = 100.0 if task.metric == "test_acc" else 1.0
         shown = {name: {k: scale * m[task.metric] for k, m in by_seed.items()}
                  for name, by_seed in runs.items()}
-        for s in SETTINGS.values():
+        for s in settings:
             if s.name not in runs:
                 continue
             by_seed = runs[s.name]
@@ -415,14 +426,14 @@ def plot(rows: list[dict], path: pathlib.Path) -> bool:
     of HLA's saving it keeps, with the quality target's corner (gap within 0.3 points or 1%
     perplexity, at least half the saving). False, after a note, where matplotlib is missing or
     no row has both a gap and a saving."""
-    from ..cli.plots import _plt
+    from ..analysis.records import pyplot
 
     tasks = [t for t in dict.fromkeys(r["task"] for r in rows)
              if any("gap" in r and r.get("hla_kept") is not None for r in rows if r["task"] == t)]
     if not tasks:
         print(f"note: {path} not drawn: no row has both a gap and a saving", file=sys.stderr)
         return False
-    plt = _plt(path)
+    plt = pyplot(path)
     if plt is None:
         return False
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4.2), squeeze=False)

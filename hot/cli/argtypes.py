@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 from ..common.config import VALID_RANKS
-from .methods import METHODS
+from .. import recipes
 
 
 def _int(v: str) -> int:
@@ -106,13 +106,16 @@ def image_shape(v: str) -> tuple[int, int, int]:
 
 
 def method_list(v: str) -> list[str]:
-    """Comma-separated names of hot.cli.methods.METHODS, at least one, each once."""
+    """Comma-separated names of registered recipes (hot.recipes), at least one, each once."""
     names = [m.strip() for m in v.split(",") if m.strip()]
-    unknown = [m for m in names if m not in METHODS]
-    if unknown or not names:
-        what = f"unknown method {unknown[0]!r}" if unknown else f"no method in {v!r}"
+    if not names:
         raise argparse.ArgumentTypeError(
-            f"{what}; give a comma-separated list of {', '.join(sorted(METHODS))}.")
+            f"no method in {v!r}; give a comma-separated list of {', '.join(recipes.names())}.")
+    for m in names:
+        try:
+            recipes.get(m)
+        except recipes.RecipeError as e:
+            raise argparse.ArgumentTypeError(str(e))
     return list(dict.fromkeys(names))
 
 

@@ -12,7 +12,10 @@ from typing import Iterable, Optional
 import torch
 
 import hot
+from hot import recipes
+from hot.recipes import Recipe
 
+from ..analysis.records import finite
 from . import argtypes as T
 
 
@@ -118,33 +121,46 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
                    help="HOT backend (default: $HOT_BACKEND, else auto)")
 
 
-# The flags that shape HOT's quantizers, with their defaults: the baselines have their own.
+# The flags that shape HOT's quantizers, with their defaults: a recipe that is not tunable
+# (hot.recipes.Recipe.tunable) has its own quantizers and takes none of them.
 _QUANTIZER_FLAGS = {"hq_bits": 4, "gy_scale": "auto", "hla_rank": 8, "hla_selection": "lowpass",
                     "hla_blocking": "flat", "hla_bits": 8, "abc": "auto", "hla_amax": "current",
                     "lqs_ratio": 0.5,
                     "hla_full_rank": ()}
 
 
-def hot_config(args) -> hot.HOTConfig:
-    method = getattr(args, "method", None)
-    if method in ("int4", "luq", "lbp-wht"):
+def method_recipe(name: str) -> Recipe:
+    """The recipe of a --method value; CLIError naming it and the choices where none is."""
+    try:
+        return recipes.get(name)
+    except recipes.RecipeError as e:
+        raise CLIError(str(e)) from e
+
+
+def hot_config(args, recipe: Optional[Recipe] = None) -> hot.HOTConfig:
+    """The HOTConfig that ``recipe`` (default: the one --method names, else hot) trains with
+    under the command line's flags. A tunable recipe's config, and an exact recipe's (recorded,
+    not used), comes from the quantizer flags; any other recipe keeps its own quantizers and
+    takes only the schedule flags (CLIError where a quantizer flag is given)."""
+    recipe = recipe or method_recipe(getattr(args, "method", None) or "hot")
+    schedule = dict(exact_steps=args.exact_steps, int8_steps=args.int8_steps,
+                    exact_from=args.exact_from)
+    if not (recipe.tunable or recipe.exact):
         given = [k for k, v in _QUANTIZER_FLAGS.items() if getattr(args, k, v) != v]
         if given:
             flag = "--" + given[0].replace("_", "-")
-            raise CLIError(f"{flag} shapes HOT's quantizers; --method {method} is a baseline "
-                           f"with its own (HOTConfig.{method.replace('-', '_')}()) and takes only "
-                           f"the schedule flags: drop {flag}, or use --method hot.")
-        preset = getattr(hot.HOTConfig, method.replace("-", "_"))
-        return preset().replace(exact_steps=args.exact_steps, int8_steps=args.int8_steps,
-                                exact_from=args.exact_from)
-    return hot.HOTConfig(
-        hq=hot.HQConfig(bits=args.hq_bits, gy_scale=args.gy_scale),
-        hla=hot.HLAConfig(rank=args.hla_rank, selection=args.hla_selection,
-                          blocking=args.hla_blocking, bits=args.hla_bits, abc=args.abc,
-                          amax=args.hla_amax),
-        lqs=hot.LQSConfig(ratio=args.lqs_ratio),
-        exact_steps=args.exact_steps, int8_steps=args.int8_steps,
-        exact_from=args.exact_from)
+            tunable = ", ".join(r.name for r in recipes.RECIPES.values() if r.tunable)
+            raise CLIError(f"{flag} shapes HOT's quantizers; method {recipe.name} has its own "
+                           f"({recipe.summary}) and takes only the schedule flags: drop {flag}, "
+                           f"or use a method the flags shape ({tunable}).")
+        return recipe.config.replace(**schedule)
+    base = recipe.config or hot.HOTConfig()
+    return base.replace(
+        hq={"bits": args.hq_bits, "gy_scale": args.gy_scale},
+        hla={"rank": args.hla_rank, "selection": args.hla_selection,
+             "blocking": args.hla_blocking, "bits": args.hla_bits, "abc": args.abc,
+             "amax": args.hla_amax},
+        lqs={"ratio": args.lqs_ratio}, **schedule)
 
 
 def device_from(name: Optional[str]) -> torch.device:
@@ -213,17 +229,8 @@ def _json_default(o):
 def emit(args, result: dict, text: str) -> None:
     """--json: the result as one JSON object on stdout; else the human-readable text."""
     if getattr(args, "json", False):
-        print(json.dumps(_finite(result), default=_json_default, indent=1))
+        print(json.dumps(finite(result), default=_json_default, indent=1))
     else:
         print(text)
 
 
-def _finite(o):
-    # JSON has no Infinity/NaN: write them as strings so every parser accepts the output.
-    if isinstance(o, float) and not math.isfinite(o):
-        return str(o)
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    return o

@@ -9,14 +9,14 @@ import argparse
 import json
 import pathlib
 
+from .. import recipes
+from ..analysis.records import pyplot
 from ..bench import study
+from . import argtypes as T
 from . import plots
 from .common import CLIError, emit
 from .outputs import write_text
 
-# `hot train --method` names -> the study's settings (HOT's paper setting is "paper" there)
-METHOD_SETTINGS = {"fp32": "fp32", "bf16": "bf16", "hot": "paper", "hlq": "hlq", "int4": "int4",
-                   "luq": "luq", "lbp-wht": "lbp_wht"}
 # set by compare itself, per run
 _OWN_FLAGS = ("--method", "--seed", "--out", "--device", "--resume", "--overwrite", "--json")
 
@@ -30,8 +30,8 @@ def add_parser(sub) -> None:
         "the seeds, its gap to FP32 paired by seed with its standard error, time per step and "
         "peak memory. Writes compare.json, compare.md and compare.png into --out. Finished runs "
         "are not rerun; the three result files are rebuilt from the runs each time.")
-    p.add_argument("--methods", default="fp32,hot",
-                   help=f"comma-separated, from {', '.join(METHOD_SETTINGS)} (default fp32,hot)")
+    p.add_argument("--methods", type=T.method_list, default="fp32,hot",
+                   help=f"comma-separated, from {', '.join(recipes.names())} (default fp32,hot)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--out", required=True, help="folder of the runs and the results")
     p.add_argument("--workers", type=int, default=1, help="runs at once (default 1)")
@@ -62,7 +62,7 @@ def _task(rest: list[str]) -> study.Task:
 
 
 def _bars(rows: list[dict], path: pathlib.Path, ylabel: str):
-    plt = plots._plt(path)
+    plt = pyplot(path)
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(max(4, 1.1 * len(rows) + 1), 4))
@@ -75,15 +75,15 @@ def _bars(rows: list[dict], path: pathlib.Path, ylabel: str):
     ax.set(ylabel=ylabel, title="mean and sd over seeds")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    plots._save(plt, fig, path)
+    plots.save(plt, fig, path)
     return str(path)
 
 
 def run(args) -> int:
+    # one cell folder per method, named as the method: <out>/compare/<method>/seed<N>
+    settings = [study.recipe_setting(m) for m in args.methods]
     try:
-        settings = study._names("--methods", args.methods,
-                                {m: study.SETTINGS[s] for m, s in METHOD_SETTINGS.items()})
-        seeds = study._seeds(args.seeds)
+        seeds = study.parse_seeds(args.seeds)
     except study.StudyError as e:
         raise CLIError(str(e))
     if args.workers < 1:
@@ -94,10 +94,12 @@ def run(args) -> int:
     log = study.run_cells(cells, args.workers, args.device, None,
                           say=lambda line: print(line, flush=True) if not args.json else None)
     failed = [line for line in log if ": failed" in line]
-    rows = [r for r in study.collect(root, [task]) if r["setting"] in {s.name for s in settings}]
-    names = {s: m for m, s in METHOD_SETTINGS.items()}
+    # FP32's cells are looked for even when not asked for: a gap pairs with them by seed
+    looked = {s.name: s for s in [study.recipe_setting("fp32"), *settings]}
+    rows = [r for r in study.collect(root, [task], list(looked.values()))
+            if r["setting"] in {s.name for s in settings}]
     for r in rows:
-        r["method"] = names[r["setting"]]
+        r["method"] = r["setting"]
     if not rows:
         raise CLIError(f"no run finished under {root}" + (f"; first failure: {failed[0]}"
                                                            if failed else "."))

@@ -12,7 +12,7 @@ from ..models import build_model
 from . import argtypes as T
 from . import plots
 from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
-                     fmt_bytes, hot_config, log, render_table)
+                     fmt_bytes, hot_config, log, method_recipe, render_table)
 from .outputs import add_overwrite_flag, claim, write_text
 from .trainer import RunSpec, train_run
 
@@ -64,6 +64,8 @@ def run(args) -> int:
     check_backend(args, device)
     methods = args.methods or (["fp32", "bf16", "hot"] if device.type == "cuda" else
                                ["fp32", "hot"])
+    # each method trains with its own recipe's config (checked before any work)
+    configs = {m: hot_config(args, method_recipe(m)) for m in methods}
     out = pathlib.Path(args.out)
     claim(out, ["metrics.json", "curves.png"], args.overwrite)
     t_start = time.perf_counter()
@@ -85,7 +87,7 @@ def run(args) -> int:
     runs = []
     for m in methods:
         spec = RunSpec(method=m, epochs=cfg["epochs"], lr=args.lr, batch_size=cfg["batch_size"],
-                       seed=args.seed, hot_config=hot_config(args), backend=args.backend)
+                       seed=args.seed, hot_config=configs[m], backend=args.backend)
         r = train_run(builder, data, spec, device)
         r.pop("model")
         runs.append(r)

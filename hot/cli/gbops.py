@@ -1,4 +1,4 @@
-"""`hot gbops MODEL`: backward operation counts per layer for FP, HOT, LBP-WHT and LUQ."""
+"""`hot gbops MODEL`: backward operation counts per layer for the methods with a counting model."""
 
 from __future__ import annotations
 
@@ -6,17 +6,35 @@ import argparse
 
 import torch
 
+from .. import recipes
 from ..analysis import gbops as G
 from ..analysis.shapes import layer_shapes
 from . import argtypes as T
-from .common import add_json_flag, emit, render_table
+from .common import CLIError, add_json_flag, emit, method_recipe, render_table
 from .modelargs import add_model_args, build_for_analysis
 from .trainer import logits_of
 
 
+DEFAULT_METHODS = "fp32,hot,lbp-wht,luq"
+
+
+def columns(names: list[str], rank) -> dict:
+    """The table's columns: each method's counting model (its recipe's Cost.gbops) and HLA rank
+    (``rank``, else the recipe's own); CLIError for a method without a counting model."""
+    out = {}
+    for name in names:
+        r = method_recipe(name)
+        if r.cost.gbops is None:
+            counted = [x.name for x in recipes.RECIPES.values() if x.cost.gbops is not None]
+            raise CLIError(f"--methods {name}: no operation-count model describes it; choose "
+                           f"from {', '.join(counted)}.")
+        out[name] = (r.cost.gbops, rank or r.rank or 8)
+    return out
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "gbops", help="backward operation counts (GBOPs) per layer: FP, HOT, LBP-WHT, LUQ",
+        "gbops", help="backward operation counts (GBOPs) per layer and method",
         description="Count forward and backward operations per Linear/Conv2d layer from one "
         "forward at --batch (layer shapes (L, O, I) are read with hooks). GBOPs are "
         "bit-operations / 1e9: an FP32 operation counts 32x32 = 1024, an INT8 MAC 64, an INT4 "
@@ -26,8 +44,11 @@ def add_parser(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_args(p)
     p.set_defaults(batch=1)
-    p.add_argument("--rank", type=T.hla_rank, default=8, metavar="{1,2,4,8,16}",
-                   help="HLA rank r (n = 16)")
+    counted = [r.name for r in recipes.RECIPES.values() if r.cost.gbops is not None]
+    p.add_argument("--methods", type=T.method_list, default=DEFAULT_METHODS,
+                   help=f"comma-separated methods with a counting model: {', '.join(counted)}")
+    p.add_argument("--rank", type=T.hla_rank, default=None, metavar="{1,2,4,8,16}",
+                   help="HLA rank r (n = 16) of every method (default: each method's own)")
     p.add_argument("--convention", choices=G.CONVENTIONS, default="table5")
     p.add_argument("--top", type=T.nonnegative_int, default=0,
                    help="show only the N costliest layers (0 = all)")
@@ -36,25 +57,30 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    cols = columns(args.methods, args.rank)
     built, shape, make = build_for_analysis(args)
     x, _ = make(torch.device("cpu"), torch.Generator().manual_seed(0))
     shapes = layer_shapes(built.model, lambda m: logits_of(m, x))
-    t = G.table(shapes, rank=args.rank, convention=args.convention)
+    rank = args.rank or 8
+    t = G.table(shapes, rank=rank, convention=args.convention, columns=cols)
     t.update({"model": args.model, "batch": args.batch, "input_shape": shape,
+              "methods": {m: {"model": c[0], "rank": c[1]} for m, c in cols.items()},
               "units": "GBOPs = bit-operations / 1e9 (FP32 op = 1024, INT8 MAC = 64, "
                        "INT4 MAC = 16, INT4xINT8 MAC = 32); *_flops fields are FLOPs"})
     layers = t["layers"]
     if args.top:
-        layers = sorted(layers, key=lambda r: -r["fp_bwd_gbops"])[: args.top]
-    rows = [[r["layer"], r["L"], r["O"], r["I"], r["forward_gbops"], r["fp_bwd_gbops"],
-             r["hot_bwd_gbops"], r["lbp_wht_bwd_gbops"], r["luq_bwd_gbops"]] for r in layers]
+        layers = sorted(layers, key=lambda r: -r["fp_bwd_flops"])[: args.top]
+    rows = [[r["layer"], r["L"], r["O"], r["I"], r["forward_gbops"],
+             *[r[f"{m}_bwd_gbops"] for m in cols]] for r in layers]
     tot = t["total_gbops"]
-    rows.append(["TOTAL", "", "", "", tot["forward"], tot["fp_backward"], tot["hot_backward"],
-                 tot["lbp_wht_backward"], tot["luq_backward"]])
-    text = render_table(["layer", "L", "O", "I", "fwd", "FP bwd", "HOT bwd", "LBP-WHT bwd",
-                         "LUQ bwd"], rows)
-    text += (f"\n\nGBOPs (bit-operations / 1e9), batch {args.batch}, r = {args.rank} of n = 16, "
-             f"convention {args.convention}. HOT / FP backward = "
-             f"{tot['hot_backward'] / tot['fp_backward']:.3f}.")
+    rows.append(["TOTAL", "", "", "", tot["forward"], *[tot[f"{m}_backward"] for m in cols]])
+    text = render_table(["layer", "L", "O", "I", "fwd", *[f"{m} bwd" for m in cols]], rows)
+    fp = next((m for m, c in cols.items() if c[0] == "fp"), None)
+    ratios = "" if fp is None else " " + ", ".join(
+        f"{m} / {fp} backward = {tot[f'{m}_backward'] / tot[f'{fp}_backward']:.3f}"
+        for m in cols if m != fp) + "."
+    text += (f"\n\nGBOPs (bit-operations / 1e9), batch {args.batch}, n = 16, ranks "
+             + ", ".join(f"{m} {c[1]}" for m, c in cols.items() if c[0] != "fp")
+             + f", convention {args.convention}.{ratios}")
     emit(args, t, text)
     return 0

@@ -27,14 +27,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hot
+from hot import recipes
 
 from ..data import load_dataset
 from ..data.lm import IGNORE, LMData, TokenBatches, rotten_tomatoes_lm
 from ..models.llama import LLAMA_PRESETS
 from ..models.registry import build_lm, is_lm_spec
-from .common import (CLIError, device_from, emit, fmt_bytes, hot_config, log, progress,
-                     render_table)
-from .methods import METHODS, full_rank, rank_record
+from .common import (CLIError, device_from, emit, fmt_bytes, hot_config, log, method_recipe,
+                     progress, render_table)
+from .methods import full_rank, rank_record
 from .outputs import claim
 from .trainer import backend_summary
 
@@ -43,7 +44,7 @@ from .trainer import backend_summary
 class LMSpec:
     """One language-model run.
 
-    method: a key of hot.cli.methods.METHODS (fp32, bf16, hot, hot-bf16).
+    method: the name of a recipe (hot.recipes: fp32, bf16, hot, hot-bf16, ...).
     model: a Llama preset (hot.models.llama.LLAMA_PRESETS); ``model_overrides`` replace its
         shapes (e.g. {"layers": 2}); the vocabulary is the tokenizer's, positions ``seq``.
     seq: tokens per snippet (longer ones are truncated; 64 keeps all but 7 of 12,752 whole).
@@ -51,7 +52,7 @@ class LMSpec:
         not to the RMSNorm weights. The learning rate rises linearly over ``warmup_steps``,
         then follows a cosine to 0 at the last step.
     grad_clip: the gradients' global norm is clipped to this (None: not clipped).
-    hot_config / backend: for the HOT methods (default: HOTConfig(), the paper's setting);
+    hot_config / backend: for the HOT methods (default: the recipe's own config);
         ``exact_layers`` names Linear layers HOT leaves exact (e.g. ("lm_head",)).
     train_size / val_size: fixed random subsets (seed 0 and 1, whatever ``seed`` is).
     max_steps: stop after this many steps (the schedule then spans them).
@@ -80,13 +81,15 @@ class LMSpec:
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["hot_config"] = (self.hot_config or hot.HOTConfig()).to_dict()
+        cfg = self.hot_config or recipes.get(self.method).config or hot.HOTConfig()
+        d["hot_config"] = cfg.to_dict()
         return d
 
     def check(self) -> None:
         """ValueError naming the first field out of range."""
-        if self.method not in METHODS:
-            raise ValueError(f"LMSpec.method={self.method!r}: choose one of {sorted(METHODS)}.")
+        if self.method not in recipes.RECIPES:
+            raise ValueError(f"LMSpec.method={self.method!r}: choose one of "
+                             f"{', '.join(recipes.names())}.")
         for name in ("epochs", "batch_size", "eval_batch"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"LMSpec.{name}={getattr(self, name)}: must be positive.")
@@ -154,16 +157,16 @@ def train_lm(spec: LMSpec = LMSpec(), device="cpu", data: Optional[LMData] = Non
     spec.check()
     device = torch.device(device)
     label = label or spec.method
-    method = METHODS[spec.method]
+    method = method_recipe(spec.method)
     data = (data or rotten_tomatoes_lm()).subset(spec.train_size, spec.val_size, seed=0)
     train_b, val_b = data.encode("train", spec.seq), data.encode("test", spec.seq)
     torch.manual_seed(spec.seed)
     model = build_lm(spec.model, vocab=data.vocab, seq=spec.seq, pad_id=data.pad_id,
                      overrides=spec.model_overrides).model
-    if method.prepare is not None:
+    if not method.exact:
         _check_names(model, spec.exact_layers)
         keep = set(spec.exact_layers)
-        cfg = spec.hot_config or hot.HOTConfig()
+        cfg = spec.hot_config or method.config
         model = method.prepare(model, cfg, lambda fqn, _: fqn not in keep, spec.backend)
         full_rank(model, spec.hla_full_rank, cfg, spec.backend)
     model = model.to(device)

@@ -14,9 +14,9 @@ from ..analysis.saved import OTHER, SavedTensorMeter
 from ..analysis.shapes import layer_shapes
 from . import argtypes as T
 from . import plots
+from .. import recipes
 from .common import (add_hot_args, add_json_flag, check_backend, device_from, emit, fmt_bytes,
-                     hot_config, progress, render_table)
-from .methods import METHODS
+                     hot_config, method_recipe, progress, render_table)
 from .modelargs import add_model_args, build_for_analysis
 from .outputs import add_overwrite_flag, claim
 from .trainer import logits_of
@@ -33,7 +33,8 @@ def add_parser(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_args(p)
     p.add_argument("--methods", type=T.method_list, default="fp32,bf16,hot",
-                   help=f"comma-separated methods: {', '.join(METHODS)}")
+                   help=f"comma-separated methods, each with its own configuration (the "
+                        f"quantizer flags shape the tunable ones): {', '.join(recipes.names())}")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--out", default="hot_memory_out", help="folder for memory.png")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -46,7 +47,10 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     device = device_from(args.device)
     check_backend(args, device)
-    cfg = hot_config(args)
+    cfg = hot_config(args, method_recipe("hot"))
+    # every method runs with its own recipe's configuration, checked before any work
+    chosen = {name: method_recipe(name) for name in args.methods}
+    configs = {name: None if r.exact else hot_config(args, r) for name, r in chosen.items()}
     png = pathlib.Path(args.out) / "memory.png"
     if not args.no_plot:
         claim(png.parent, [png.name], args.overwrite)
@@ -60,10 +64,8 @@ def run(args) -> int:
     methods = args.methods
     results = {}
     for name in progress(methods, "memory: forward/backward per method"):
-        method = METHODS[name]
-        model = copy.deepcopy(base)
-        if method.prepare is not None:
-            model = method.prepare(model, cfg, None, args.backend)
+        method, mcfg = chosen[name], configs[name]
+        model = method.prepare(copy.deepcopy(base), mcfg, None, args.backend)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -72,21 +74,24 @@ def run(args) -> int:
             loss = F.cross_entropy(logits_of(model, x).float(), y)
         loss.backward()
         peak = (torch.cuda.max_memory_allocated(device) - start) if device.type == "cuda" else None
-        analytic = {}
+        analytic, model_name = {}, method.cost.memory
+        hla = (mcfg or cfg).hla
         for s in shapes:
             analytic[s.name] = analytic.get(s.name, 0) + M.analytic_layer_bytes(
-                s, name, cfg.hla.rank, cfg.hla.bits, s.input_requires_grad) \
-                if name in ("fp32", "bf16", "hot", "hot-bf16") else None
-        an_act = sum(v for v in analytic.values() if v is not None)
+                s, model_name, hla.rank, hla.bits, s.input_requires_grad) \
+                if model_name is not None else None
+        # None where no analytic model describes the method: no total is better than a wrong one
+        an_act = sum(analytic.values()) if model_name is not None else None
         results[name] = {
+            "hot_config": None if mcfg is None else mcfg.to_dict(),
             "measured_saved_linear": meter.layer_total,
             "measured_saved_other": meter.by_layer.get(OTHER, 0),
             "measured_saved_total": meter.total,
             "peak_forward_backward_bytes": peak,
             "analytic": {"weights": state["weights"], "gradients": state["gradients"],
                          "optimizer": state["optimizer"], "activations_linear": an_act,
-                         "total": (state["weights"] + state["gradients"] + state["optimizer"]
-                                   + an_act)},
+                         "total": None if an_act is None else (
+                             state["weights"] + state["gradients"] + state["optimizer"] + an_act)},
             "layers": {n: {"measured": meter.by_layer.get(n, 0), "analytic": analytic.get(n),
                            "dtypes": sorted(meter.dtypes.get(n, ()))} for n in names},
         }
@@ -113,11 +118,11 @@ def compare_totals(results: dict) -> tuple[dict, list[str]]:
     """Every method's measured saved-for-backward total as a ratio of each exact baseline's
     (the methods without HOT), and one sentence per HOT method that says how it compares,
     plainly so where it keeps more than a baseline."""
-    baselines = [m for m in results if METHODS[m].prepare is None]
+    baselines = [m for m in results if recipes.get(m).exact]
     total = {m: r["measured_saved_total"] for m, r in results.items()}
     comparison = {m: {b: total[m] / total[b] for b in baselines if total[b]} for m in results}
     verdict = []
-    for m in (m for m in results if METHODS[m].prepare is not None):
+    for m in (m for m in results if not recipes.get(m).exact):
         if not baselines:
             verdict.append(f"{m} keeps {fmt_bytes(total[m])} for backward; no exact baseline "
                            f"was measured (add fp32 or bf16 to --methods to compare).")
@@ -148,7 +153,7 @@ def _pct(x: float, ref: float) -> str:
 
 def _text(out: dict, methods: list[str], names: list[str]) -> str:
     results, comparison = out["methods"], out["comparison"]
-    baselines = [m for m in methods if METHODS[m].prepare is None]
+    baselines = [m for m in methods if recipes.get(m).exact]
     summ = [[m, fmt_bytes(r["measured_saved_total"]),
              *[f"{comparison[m][b]:.2f}x" if b in comparison[m] else "n/a" for b in baselines],
              fmt_bytes(r["measured_saved_linear"]), fmt_bytes(r["measured_saved_other"]),

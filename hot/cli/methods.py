@@ -1,44 +1,16 @@
-"""Training methods: how a model is prepared and under which autocast it runs.
+"""HLA's rank per layer in a run: --hla-full-rank and what metrics.json says of the ranks.
 
-Extensible: a baseline (e.g. LUQ, LBP-WHT from the baselines issue) registers a Method here.
+The methods themselves are recipes (hot.recipes).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
-import torch
 import torch.nn as nn
 
 import hot
-
-
-@dataclass(frozen=True)
-class Method:
-    name: str
-    help: str
-    autocast: Optional[torch.dtype] = None
-    # prepare(model, hot_config, filter, backend) -> model; None = train the model as built
-    prepare: Optional[Callable] = None
-
-    def context(self, device: torch.device):
-        if self.autocast is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=self.autocast)
-
-
-def _hot(model: nn.Module, config, filt, backend):
-    # The paper's setting: every layer, the output head too (the library's default leaves it);
-    # LoRA runs pass a filter that names the layers, adapters included where asked for.
-    hot.convert(model, config, filter=filt, convert_head=True, convert_adapters=True,
-                backend=backend)
-    if not hot.hot_layers(model):
-        raise ValueError("method 'hot': no nn.Linear / nn.Conv2d was converted (check the model "
-                         "and the LoRA settings); nothing would use HOT.")
-    return model
 
 
 def full_rank(model: nn.Module, patterns: tuple, config, backend) -> list[str]:
@@ -77,23 +49,3 @@ def rank_share(layers) -> Optional[float]:
     total = sum(n for _, n in sizes)
     return sum((1 - r / 16) * n for r, n in sizes) / (0.5 * total) if total else None
 
-
-METHODS: dict[str, Method] = {}
-
-
-def register(m: Method) -> None:
-    METHODS[m.name] = m
-
-
-register(Method("fp32", "exact FP32 training"))
-register(Method("bf16", "exact training under bf16 autocast", autocast=torch.bfloat16))
-register(Method("hot", "HOT backward on every Linear/Conv2d (LoRA: frozen base layers only)",
-                prepare=_hot))
-register(Method("hot-bf16", "HOT under bf16 autocast", autocast=torch.bfloat16, prepare=_hot))
-register(Method("int4", "the paper's naive INT4 baseline (HOTConfig.int4()): 4-bit operands "
-                "in both backward GEMMs, no transform, full rank", prepare=_hot))
-register(Method("lbp-wht", "the LBP-WHT baseline (HOTConfig.lbp_wht()): g_y and x projected "
-                "on 8 of 16 Walsh rows along the tokens on both paths, no quantization",
-                prepare=_hot))
-register(Method("luq", "the LUQ baseline (HOTConfig.luq()): as int4 with g_y on 4-bit "
-                "logarithmic levels", prepare=_hot))

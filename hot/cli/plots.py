@@ -9,7 +9,7 @@ from __future__ import annotations
 import pathlib
 from typing import Optional
 
-from .common import log
+from ..analysis.records import pyplot
 from .outputs import atomic
 
 
@@ -22,24 +22,10 @@ def available() -> bool:
     return True
 
 
-def _plt(path: pathlib.Path):
-    """matplotlib.pyplot, or None (after a note naming ``path``) when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log(f"note: {path} not drawn: matplotlib is not installed (pip install matplotlib, "
-            f"or install hot with its cli extra).")
-        return None
-    return plt
-
-
 def curves(runs: list[dict], path: pathlib.Path, title: str) -> Optional[str]:
     """Training loss per step (moving average over 20 steps) and test accuracy per epoch;
     returns the PNG's path, or None without matplotlib."""
-    plt = _plt(path)
+    plt = pyplot(path)
     if plt is None:
         return None
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -59,7 +45,7 @@ def curves(runs: list[dict], path: pathlib.Path, title: str) -> Optional[str]:
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    _save(plt, fig, path)
+    save(plt, fig, path)
     return str(path)
 
 
@@ -67,7 +53,7 @@ def memory_bars(layers: list[str], series: dict[str, list[float]], path: pathlib
                 title: str) -> Optional[str]:
     """Grouped horizontal bars: saved bytes (MiB) per layer for each method; returns the PNG's
     path, or None without matplotlib."""
-    plt = _plt(path)
+    plt = pyplot(path)
     if plt is None:
         return None
     n, m = len(layers), len(series)
@@ -81,11 +67,12 @@ def memory_bars(layers: list[str], series: dict[str, list[float]], path: pathlib
     ax.grid(axis="x", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    _save(plt, fig, path)
+    save(plt, fig, path)
     return str(path)
 
 
-def _save(plt, fig, path: pathlib.Path) -> None:
+def save(plt, fig, path: pathlib.Path) -> None:
+    """Write ``fig`` to ``path`` as a PNG, atomically, and close it."""
     try:
         atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     finally:

@@ -11,6 +11,7 @@ import time
 from typing import Optional
 
 import hot
+from hot import recipes
 
 from ..data import DATASETS, LM_DATASETS, load_dataset
 from ..models import build_model, describe_model_spec
@@ -18,7 +19,7 @@ from . import argtypes as T
 from . import plots
 from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
                      fmt_bytes, hot_config, render_table)
-from .methods import METHODS, rank_record
+from .methods import rank_record
 from .modelargs import check_fits, check_tiny_vit
 from .outputs import add_overwrite_flag, claim, write_text
 from .trainer import (LORA_HOT, RunSpec, checkpoint_complete, epoch_checkpoint, read_checkpoint,
@@ -27,7 +28,7 @@ from .trainer import (LORA_HOT, RunSpec, checkpoint_complete, epoch_checkpoint, 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "train", help="train a model with fp32, bf16, hot or hot-bf16",
+        "train", help=f"train a model with one method ({', '.join(recipes.names())})",
         description="Train a model on a dataset with one method and write metrics.json, "
         "metrics.csv, checkpoint.pt and curves.png into the output folder. Resuming "
         "(--resume) restores weights, optimizer, schedule and HOT's step counters and LQS "
@@ -39,8 +40,8 @@ def add_parser(sub) -> None:
                    help="; ".join(f"{k}: {v}" for k, v in DATASETS.items()))
     p.add_argument("--data-root", default=None, help="local data folder (cifar*, imagefolder, "
                    "or Fashion-MNIST elsewhere)")
-    p.add_argument("--method", default="hot", choices=sorted(METHODS),
-                   help="; ".join(f"{k}: {m.help}" for k, m in METHODS.items()))
+    p.add_argument("--method", default="hot", choices=recipes.names(),
+                   help="; ".join(f"{r.name}: {r.summary}" for r in recipes.RECIPES.values()))
     p.add_argument("--epochs", type=T.positive_int, default=1)
     p.add_argument("--lr", type=T.positive_float, default=None,
                    help="default 1e-3, or 5e-5 for text models")

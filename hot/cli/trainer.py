@@ -26,7 +26,8 @@ from ..data.base import ImageData, TextData
 from . import outputs
 from .common import CLIError, log, progress
 from .errors import one_line
-from .methods import METHODS, full_rank
+from .common import method_recipe
+from .methods import full_rank
 
 
 @dataclass
@@ -203,11 +204,11 @@ def prepare_model(builder, spec: RunSpec, device):
     model = built.model
     if spec.lora_r:
         model = apply_lora(model, built.kind, spec.lora_r, spec.lora_alpha)
-    method = METHODS[spec.method]
-    if method.prepare is not None:
+    recipe = method_recipe(spec.method)
+    if not recipe.exact:
         filt = lora_filter(spec.lora_hot) if spec.lora_r else None
-        cfg = spec.hot_config or hot.HOTConfig()
-        model = method.prepare(model, cfg, filt, spec.backend)
+        cfg = spec.hot_config or recipe.config
+        model = recipe.prepare(model, cfg, filt, spec.backend)
         full_rank(model, spec.hla_full_rank, cfg, spec.backend)
     return model.to(device), built
 
@@ -221,9 +222,9 @@ def backend_summary(model) -> Optional[str]:
     out = []
     for b in names:
         if b == "fast":
-            from ..fast import _ext
+            from ..fast import why_extension_unavailable
 
-            why = _ext.why_unavailable()
+            why = why_extension_unavailable()
             b = "fast (GEMMs: CUTLASS)" if why is None else f"fast (GEMMs: Triton; CUTLASS {why})"
         out.append(b)
     return ", ".join(out)
@@ -231,7 +232,7 @@ def backend_summary(model) -> Optional[str]:
 
 def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
     """Train one model; returns metrics (see docs/cli.md for the fields)."""
-    method = METHODS[spec.method]
+    method = method_recipe(spec.method)
     label = label or spec.method
     model, built = prepare_model(builder, spec, device)
     train_b = Batches(data, "train", device, built.tokenizer, spec.max_len, spec.image_size)

@@ -23,7 +23,9 @@ from typing import Optional
 
 VALID_BITS = (4, 8)
 VALID_RANKS = (1, 2, 4, 8, 16)
-METHODS = ("hot", "int4", "luq", "lbp_wht")  # HOTConfig.method
+# The backward algorithms HOTConfig.method selects (hot.nn.backward implements each); the
+# methods the tools offer are recipes (hot.recipes), each of which names one of these.
+BACKWARDS = ("hot", "int4", "luq", "lbp_wht")
 BLOCK = 16  # the paper's block size for both transforms; kernels assume it
 
 
@@ -238,7 +240,7 @@ class HOTConfig:
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise HOTConfigError(f"HOTConfig.{name}={v!r} must be a non-negative int.")
-        _check_choice("HOTConfig.method", self.method, METHODS)
+        _check_choice("HOTConfig.method", self.method, BACKWARDS)
         if self.method in ("int4", "luq"):
             m = self.method
             for name, value, ok, fix in (

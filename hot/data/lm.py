@@ -110,7 +110,7 @@ def minilm_tokenizer(path: Optional[str] = None):
     from transformers import AutoTokenizer
 
     if path is None:
-        from ..models.registry import minilm_dir
+        from .base import minilm_dir
 
         path = minilm_dir()
     return AutoTokenizer.from_pretrained(str(path))

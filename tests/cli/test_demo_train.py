@@ -1,5 +1,6 @@
 import pytest
 import torch
+import hot
 
 TINY = ["--train-size", 256, "--test-size", 128, "--batch-size", 64]
 SMOKE = ["--train-size", 128, "--test-size", 64, "--batch-size", 64]
@@ -104,14 +105,14 @@ def test_train_minilm_on_rotten_tomatoes_with_lora(run_cli, tmp_path):
     assert d["trainable_params"] < d["params"] / 10  # LoRA: the base stays frozen
 
 
-@pytest.mark.parametrize("method", ["int4", "luq", "lbp-wht"])
+@pytest.mark.parametrize("method", ["int4", "luq", "lbp-wht", "hlq", "paper"])
 def test_train_baselines(method, run_cli, run_text, tmp_path):
     common = ["train", "--dataset", "mnist-5k", *TINY, "--vit-dim", 32, "--vit-depth", 1,
               "--device", "cpu", "--no-plot"]
     rc, r = run_cli(*common, "--method", method, "--exact-steps", 1, "--out", tmp_path / "i4")
     assert rc == 0
     cfg = r["hot_config"]
-    assert (cfg["method"], cfg["exact_steps"]) == (method.replace("-", "_"), 1)
+    assert cfg == hot.recipes.get(method).config.replace(exact_steps=1).to_dict()
     assert r["hot_layers"] > 0 and set(r["hot_steps"].values()) == {r["steps"]}
     rc, out, err = run_text(*common, "--method", method, "--hla-rank", 4, "--out", tmp_path / "x")
     assert rc == 2 and "--hla-rank" in err and err.count("\n") == 1

@@ -81,4 +81,20 @@ def test_cli_gbops_on_timm_vit_reads_shapes_with_hooks(run_cli):
     pe = layers["patch_embed.proj"]
     assert (pe["L"], pe["O"], pe["I"]) == (196, 192, 3 * 16 * 16)
     macs = 196 * 192 * 768 + 12 * 197 * 192 * (576 + 192 + 768 + 768) + 192 * 100
-    assert d["total_gbops"]["fp_backward"] == pytest.approx(2 * macs * 1024 / 1e9)
+    assert d["total_gbops"]["fp32_backward"] == pytest.approx(2 * macs * 1024 / 1e9)
+
+
+def test_cli_gbops_columns_are_recipes_with_their_own_rank(run_cli, run_text):
+    """Each --methods column is the recipe's counting model at the recipe's HLA rank; --rank
+    overrides it; a recipe without a counting model is refused before any work."""
+    args = ("gbops", "tiny-vit", "--vit-dim", 32, "--vit-depth", 1)
+    rc, d = run_cli(*args, "--methods", "fp32,hot,hlq,lbp-wht")
+    assert rc == 0
+    assert d["methods"]["hot"] == {"model": "hot", "rank": 8}
+    tot = d["total_gbops"]
+    assert tot["hlq_backward"] == tot["hot_backward"]  # the same GEMMs and quantizers
+    rc, d4 = run_cli(*args, "--methods", "hot", "--rank", 4)
+    assert rc == 0 and d4["methods"]["hot"]["rank"] == 4
+    assert d4["total_gbops"]["hot_backward"] < tot["hot_backward"]
+    rc, _, err = run_text(*args, "--methods", "int4")
+    assert rc == 2 and "int4" in err and err.count("\n") == 1

@@ -5,7 +5,7 @@ import pytest
 import torch.nn as nn
 
 import hot
-from hot.cli.methods import METHODS
+from hot.recipes import RECIPES
 from hot.cli.trainer import lora_filter
 
 TINY = ["--dataset", "mnist-5k", "--train-size", 128, "--test-size", 64, "--batch-size", 64,
@@ -43,7 +43,7 @@ def test_hla_full_rank_refusals(run_text, run_cli, tmp_path):
     assert not (tmp_path / "a" / "metrics.json").exists()
     rc, out, err = run_text("train", *TINY, "--method", "int4", "--hla-full-rank", "attn",
                             "--out", tmp_path / "b")
-    assert rc == 2 and "--hla-full-rank" in err and "--method int4 is a baseline" in err
+    assert rc == 2 and "--hla-full-rank" in err and "method int4 has its own" in err
     rc, out, err = run_text("train", *TINY, "--hla-full-rank", " , ", "--out", tmp_path / "c")
     assert rc == 2 and "names no layer" in err
 
@@ -66,7 +66,7 @@ def test_lora_filter_picks_the_frozen_base_the_factors_or_both():
 
     def converted(which):
         m = peft.get_peft_model(Net(), peft.LoraConfig(r=4, target_modules=["fc1"]))
-        METHODS["hot"].prepare(m, hot.HOTConfig(), lora_filter(which), None)  # as hot train does
+        RECIPES["hot"].prepare(m, hot.HOTConfig(), lora_filter(which), None)  # as hot train does
         return sorted(n.rsplit(".", 1)[0] if n.endswith(".default") else n
                       for n, _ in hot.hot_layers(m))
 

@@ -314,9 +314,9 @@ def markdown(result: dict) -> str:
 
 
 def write_json(path: str, result: dict) -> None:
-    from hot.cli.common import _finite
+    from hot.analysis.records import finite
 
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(_finite(result), f, indent=1, default=str)
+        json.dump(finite(result), f, indent=1, default=str)
     os.replace(tmp, path)
