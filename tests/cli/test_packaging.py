@@ -14,7 +14,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 WHERE = {"torch": ("torch", "base"), "numpy": ("numpy", "base"),
          "tqdm": ("tqdm", "cli"), "matplotlib": ("matplotlib", "cli"), "PIL": ("pillow", "cli"),
          "timm": ("timm", "models"), "transformers": ("transformers", "models"),
-         "peft": ("peft", "models"), "triton": ("triton", "fast"), "torchao": ("torchao", "bench"),
+         "peft": ("peft", "models"), "torchvision": ("torchvision", "models"), "triton": ("triton", "fast"), "torchao": ("torchao", "bench"),
          "pytest": ("pytest", "dev"), "hypothesis": ("hypothesis", "dev")}
 
 
