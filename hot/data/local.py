@@ -65,7 +65,8 @@ def cifar_pickles(root: str, which: int = 10) -> ImageData:
                      mean=(0.49, 0.48, 0.45), std=(0.25, 0.24, 0.26))
 
 
-def image_folder(root: str, image_size: int = 32, test_fraction: float = 0.2, seed: int = 0) -> ImageData:
+def image_folder(root: str, image_size: int = 32, test_fraction: float = 0.2,
+                 seed: int = 0) -> ImageData:
     """ROOT/<class>/<image> (or ROOT/train and ROOT/val|test with that layout), read by
     torchvision's ImageFolder, every image resized to ``image_size`` square RGB. Classes are the
     sorted folder names. Without a split folder, a random ``test_fraction`` (fixed ``seed``) is
@@ -76,9 +77,9 @@ def image_folder(root: str, image_size: int = 32, test_fraction: float = 0.2, se
         raise DataUnavailableError(f"ImageFolder root {root!r} is not a directory: pass "
                                    f"--data-root DIR with one sub-folder of images per class.")
     # Bicubic: PIL's own default for Image.resize, so the tensors stay what they always were.
-    tf = transforms.Compose([
-        transforms.Resize((image_size, image_size), interpolation=transforms.InterpolationMode.BICUBIC),
-        transforms.PILToTensor()])
+    bicubic = transforms.InterpolationMode.BICUBIC
+    tf = transforms.Compose([transforms.Resize((image_size, image_size), interpolation=bicubic),
+                             transforms.PILToTensor()])
     test_dir = next((base / n for n in ("val", "test") if (base / n).is_dir()), None)
     if (base / "train").is_dir() and test_dir is not None:
         xtr, ytr, classes = _read_folder(datasets, base / "train", tf)
