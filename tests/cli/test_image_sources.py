@@ -152,3 +152,16 @@ def test_without_torchvision_the_error_names_the_extra(tmp_path, monkeypatch):
     for name in ("imagefolder", "cifar100"):
         with pytest.raises(DataUnavailableError, match=r'pip install "\.\[models\]"'):
             load_dataset(name, str(tmp_path))
+
+
+@pytest.mark.parametrize("which", [10, 100])
+def test_foolbox_cifar_samples_are_the_bundled_pngs(which):
+    from hot.data.base import package_dir
+
+    files = sorted((package_dir("foolbox", "") / "data").glob(f"cifar{which}_*.png"))
+    d = load_dataset(f"foolbox-cifar{which}")
+    assert len(files) == 20 and d.classes == which
+    assert torch.equal(d.x_train, torch.from_numpy(np.stack(
+        [np.asarray(Image.open(f).convert("RGB")).transpose(2, 0, 1) for f in files])))
+    assert d.y_train.tolist() == [int(f.stem.rsplit("_", 1)[1]) for f in files]
+    assert torch.equal(d.x_test, d.x_train) and d.note  # train = test, and it says so
