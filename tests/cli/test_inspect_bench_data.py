@@ -1,10 +1,8 @@
-import pickle
-
 import pytest
 import torch
 
 from hot.data import DataUnavailableError, load_dataset
-from hot.data.images import cifar_pickles, fashion_mnist, foolbox_cifar
+from hot.data.images import fashion_mnist
 
 SMALL = ["--batch", 8, "--vit-dim", 32, "--vit-depth", 1, "--device", "cpu"]
 
@@ -58,22 +56,6 @@ def test_missing_fashion_mnist_says_what_to_install(tmp_path):
 def test_cifar_without_root_is_a_clear_cli_error(run_cli):
     rc, d = run_cli("train", "--dataset", "cifar10", "--device", "cpu")
     assert rc == 2 and "--data-root" in d["error"]
-
-
-def test_cifar_pickle_reader_on_foolbox_images(tmp_path):
-    fb = foolbox_cifar(10)
-    x = fb.x_train.numpy().reshape(20, -1)
-    y = fb.y_train.tolist()
-    root = tmp_path / "cifar-10-batches-py"
-    root.mkdir()
-    for i in range(1, 6):
-        with open(root / f"data_batch_{i}", "wb") as f:
-            pickle.dump({b"data": x[(i - 1) * 4: i * 4], b"labels": y[(i - 1) * 4: i * 4]}, f)
-    with open(root / "test_batch", "wb") as f:
-        pickle.dump({b"data": x[:3], b"labels": y[:3]}, f)
-    d = cifar_pickles(str(tmp_path), 10)
-    assert torch.equal(d.x_train, fb.x_train) and d.y_train.tolist() == y
-    assert d.x_test.shape == (3, 3, 32, 32)
 
 
 def test_bundled_datasets_have_the_documented_sizes():

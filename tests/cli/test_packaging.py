@@ -14,8 +14,10 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 WHERE = {"torch": ("torch", "base"), "numpy": ("numpy", "base"),
          "tqdm": ("tqdm", "cli"), "matplotlib": ("matplotlib", "cli"), "PIL": ("pillow", "cli"),
          "timm": ("timm", "models"), "transformers": ("transformers", "models"),
-         "peft": ("peft", "models"), "triton": ("triton", "fast"), "torchao": ("torchao", "bench"),
-         "pytest": ("pytest", "dev"), "hypothesis": ("hypothesis", "dev")}
+         "peft": ("peft", "models"), "torchvision": ("torchvision", "models"),
+         "triton": ("triton", "fast"), "torchao": ("torchao", "bench"),
+         "pytest": ("pytest", "dev"), "hypothesis": ("hypothesis", "dev"),
+         "safetensors": ("safetensors", "dev")}  # the HF tests read saved checkpoints
 
 
 def third_party_imports(folder: Path) -> set:
