@@ -466,7 +466,7 @@ int64_t addr(const torch::Tensor& t) { return int64_t(reinterpret_cast<uintptr_t
 // step: the step counter the seeds follow (USE_STEP kernels read it), or undefined.
 // amax: a zeroed int32 vector of >= nh + nl entries for the stats kernel's maxima.
 std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, const torch::Tensor& amax,
-                     int64_t hq_key, int64_t hla_key,
+                     int64_t hq_key, int64_t hla_key, int64_t hla_draw,
                      const std::optional<torch::Tensor>& step, PassOut* out) {
   const std::string where = "hot.fast._C.quant_pass: ";
   HOT_REQUIRE(p.size() == kPassFields, where, "the plan has ", int64_t(p.size()), " fields, expected ",
@@ -501,12 +501,12 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   const std::vector<Arg> stats = {{addr(x)}, {x.stride(0)}, {x.stride(1)}, {p[kR]}, {p[kC]},
                                   {ws}, {ws_l}, {p[kDoBsum] ? addr(partial) : ws}};
   // QuantizeArgs: x, sxr, sxc, R, C, hq_amax, hla_amax, hq_q, hq_s, C16, hq_key, hla_q, hla_s, LR,
-  // NBLK, hla_key, step.
+  // NBLK, hla_key, hla_draw, step.
   const std::vector<Arg> quant = {
       {addr(x)}, {x.stride(0)}, {x.stride(1)}, {p[kR]}, {p[kC]}, {ws}, {ws_l},
       {p[kDoHq] ? addr(out->hq_q) : ws}, {p[kDoHq] ? addr(out->hq_s) : ws}, {p[kC16]}, {hq_key},
       {p[kDoHla] ? addr(out->hla_q) : ws}, {p[kDoHla] ? addr(out->hla_s) : ws}, {p[kLR]}, {p[kNBlk]},
-      {hla_key}, {step ? addr(*step) : ws}};
+      {hla_key}, {hla_draw}, {step ? addr(*step) : ws}};
   const unsigned grid[3] = {unsigned(p[kGrid0]), unsigned(p[kGrid1]), unsigned(p[kGrid2])};
   c10::cuda::CUDAGuard guard(dev);
   CUstream stream = reinterpret_cast<CUstream>(c10::cuda::getCurrentCUDAStream(dev.index()).stream());
@@ -520,10 +520,10 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
 using Tensors = std::tuple<std::vector<torch::Tensor>, std::string>;
 
 Tensors quant_pass(std::vector<int64_t> plan, torch::Tensor x, torch::Tensor amax, int64_t hq_key,
-                   int64_t hla_key, std::optional<torch::Tensor> step) {
+                   int64_t hla_key, int64_t hla_draw, std::optional<torch::Tensor> step) {
   PassOut o;
   std::string err = catching("quant_pass", [&] {
-    return run_pass(plan, x, amax, hq_key, hla_key, step, &o);
+    return run_pass(plan, x, amax, hq_key, hla_key, hla_draw, step, &o);
   });
   if (!err.empty()) return Tensors(std::vector<torch::Tensor>(), err);
   return {{o.hq_q, o.hq_s, o.hla_q, o.hla_s, o.bsum}, std::string()};
@@ -537,7 +537,8 @@ Tensors quant_pass(std::vector<int64_t> plan, torch::Tensor x, torch::Tensor ama
 // operands; the caller decided).
 Tensors layer_backward(std::vector<int64_t> gplan, std::vector<int64_t> wplan, torch::Tensor gy, torch::Tensor wt,
                        torch::Tensor qx, torch::Tensor sx, torch::Tensor amax_g, torch::Tensor amax_w,
-                       int64_t key_gy, int64_t key_hla, int64_t key_w, std::optional<torch::Tensor> step,
+                       int64_t key_gy, int64_t key_hla, int64_t draw_hla, int64_t key_w,
+                       std::optional<torch::Tensor> step,
                        int64_t gemm_kind, std::string gx_dtype, std::string gw_dtype) {
   torch::Tensor gx, gw, gb;
   std::string err = catching("layer_backward", [&] {
@@ -547,8 +548,8 @@ Tensors layer_backward(std::vector<int64_t> gplan, std::vector<int64_t> wplan, t
                     wplan[kDoHq] && !wplan[kDoHla], "hot.fast._C.layer_backward: the g_y plan must do HQ and HLA, "
                     "the W plan HQ only");
     PassOut g, w;
-    std::string e = run_pass(gplan, gy, amax_g, key_gy, key_hla, step, &g);
-    if (e.empty()) e = run_pass(wplan, wt, amax_w, key_w, 0, step, &w);
+    std::string e = run_pass(gplan, gy, amax_g, key_gy, key_hla, draw_hla, step, &g);
+    if (e.empty()) e = run_pass(wplan, wt, amax_w, key_w, 0, 0, step, &w);
     if (!e.empty()) return e;
     const Kind kind = gemm_kind == 0 ? Kind::kS8Sm90 : Kind::kS8Sm80;
     Result r = scaled_gemm(kind, g.hq_q, w.hq_q, g.hq_s, w.hq_s, gx_dtype, 0);
@@ -606,7 +607,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("function"), pybind11::arg("block"), pybind11::arg("shared"), pybind11::arg("kinds"));
   m.def("quant_pass", &quant_pass, "one quantizer pass (stats + quantize) -> ([hq_q, hq_s, hla_q, hla_s, bsum], err)",
         pybind11::arg("plan"), pybind11::arg("x"), pybind11::arg("amax"), pybind11::arg("hq_key"),
-        pybind11::arg("hla_key"),
+        pybind11::arg("hla_key"), pybind11::arg("hla_draw"),
         pybind11::arg("step") = pybind11::none());
   m.def("layer_backward", &layer_backward, "g_y pass, W pass and both GEMMs of one layer -> ([g_x, g_W, g_b], err)");
   m.def("info", &info, "(build facts: archs, sm90a, max_k_int8, max_k_int4, cutlass_version; err)");

@@ -4,8 +4,9 @@ autograd backward of F.linear in FP32, TF32 and BF16, with a stage breakdown and
     python -m hot.bench.backward [--shapes vitb,llama] [--json out.json] [--md out.md]
 
 Layer shapes (L tokens x O outputs x I inputs): ViT-B/16 at batch 128 (L = 128 * 197) and
-Llama-8B at 4096 tokens. HOT runs the paper's setting (HQ 4-bit, per-token g_y scale; HLA rank 8
-of 16, INT8, per-channel scales; stochastic rounding) on bf16 activations.
+Llama-8B at 4096 tokens. HOT runs HOTConfig() (``hot``: unbiased HLA rows drawn per block, HQ's
+width following the GPU) with its stage breakdown, and the paper's setting (``paper``: HQ
+4-bit, the fixed low-pass HLA rows) in the same run, both on bf16 activations.
 
 Stages of the HOT backward and their floors (bytes over the measured copy bandwidth, operations
 over the measured int8 GEMM rate at 8192^3, whichever is larger):
@@ -54,6 +55,7 @@ def _baseline(L, O, I, dtype, tf32):
 def _hot(L, O, I, cfg):
     import hot
     from hot.common import ops
+    from hot.common.config import DRAWN_SELECTIONS, hq_bits
     from hot.fast import gemm
 
     sets, layers = [], []
@@ -71,9 +73,11 @@ def _hot(L, O, I, cfg):
     h, q = cfg.hla, cfg.hq
     mode = ops.ScaleMode.ROW if int(layers[0].hot_lqs) != 0 else ops.ScaleMode.TENSOR
     out["lqs"] = "token" if mode == ops.ScaleMode.ROW else "tensor"
-    hq = ops.HQArgs(q.bits, mode, True, 1)
-    hq_w = ops.HQArgs(q.bits, ops.ScaleMode.ROW, True, 3)
-    hla = ops.HLAArgs(h.rank, h.selection, h.bits, ops.ScaleMode.ROW, True, 2)
+    bits = hq_bits(q.bits, "cuda")
+    hq = ops.HQArgs(bits, mode, True, 1)
+    hq_w = ops.HQArgs(bits, ops.ScaleMode.ROW, True, 3)
+    draw = 5 if h.selection in DRAWN_SELECTIONS else None
+    hla = ops.HLAArgs(h.rank, h.selection, h.bits, ops.ScaleMode.ROW, True, 2, None, draw)
     hla_x = hla._replace(seed=4)
     gys = [s[3] for s in sets]
     out["gy_pass"] = bench(lambda g: ops.gy_quantize(g, hq, hla, "fast"), [(g,) for g in gys])
@@ -112,6 +116,7 @@ def run(groups, log=print) -> dict:
     import hot
 
     cfg = hot.HOTConfig(seed=0)
+    paper = hot.HOTConfig.paper().replace(seed=0)
     bw = copy_bandwidth()
     bf16 = matmul_rate()
     i8, i8_path = int8_rate()
@@ -125,12 +130,14 @@ def run(groups, log=print) -> dict:
             r["tf32"] = _baseline(L, O, I, torch.float32, True)
             r["bf16"] = _baseline(L, O, I, torch.bfloat16, False)
             r["hot"] = _hot(L, O, I, cfg)
+            r["paper"] = _hot(L, O, I, paper)["total"]
             r["floor"] = _floors(L, O, I, bw, i8)
             r["speedup_vs_bf16"] = r["bf16"] / r["hot"]["total"]
             r["speedup_vs_fp32"] = r["fp32"] / r["hot"]["total"]
             r["gy_pass_pct_copy"] = 100 * r["floor"]["gy_pass"] / r["hot"]["gy_pass"]
             res["layers"].append(r)
-            log(f"{name}: hot {r['hot']['total']:.3f} ms  bf16 {r['bf16']:.3f}  fp32 {r['fp32']:.3f}  "
+            log(f"{name}: hot {r['hot']['total']:.3f} ms  paper {r['paper']:.3f}  "
+                f"bf16 {r['bf16']:.3f}  fp32 {r['fp32']:.3f}  "
                 f"x{r['speedup_vs_bf16']:.2f} vs bf16")
             torch.cuda.empty_cache()
     geo = lambda k: math.exp(sum(math.log(r[k]) for r in res["layers"]) / len(res["layers"]))  # noqa
@@ -145,14 +152,15 @@ def markdown(res: dict) -> str:
              f"CUDA {e['cuda']}, triton {e['triton']}; copy {res['copy_TBps']:.2f} TB/s, bf16 "
              f"{res['bf16_TFLOPs']:.0f} TFLOP/s, int8 {res['int8_TOPs']:.0f} TOP/s ({res['int8_path']}).",
              "",
-             "| layer | L×O×I | FP32 | TF32 | BF16 | HOT | vs BF16 | vs FP32 | g_y pass (floor) | W pass (floor) "
-             "| g_x GEMM (floor) | g_W GEMM (floor) | g_y pass % copy | ABC fwd / bf16 fwd |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| layer | L×O×I | FP32 | TF32 | BF16 | paper | HOT | vs BF16 | vs FP32 | g_y pass (floor) "
+             "| W pass (floor) | g_x GEMM (floor) | g_W GEMM (floor) | g_y pass % copy "
+             "| ABC fwd / bf16 fwd |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["layers"]:
         h, f = r["hot"], r["floor"]
         lines.append(
             f"| {r['layer']} | {r['L']}×{r['O']}×{r['I']} | {r['fp32']:.3f} | {r['tf32']:.3f} | "
-            f"{r['bf16']:.3f} | {h['total']:.3f} | {r['speedup_vs_bf16']:.2f}× | {r['speedup_vs_fp32']:.1f}× | "
+            f"{r['bf16']:.3f} | {r['paper']:.3f} | {h['total']:.3f} | {r['speedup_vs_bf16']:.2f}× | {r['speedup_vs_fp32']:.1f}× | "
             f"{h['gy_pass']:.3f} ({f['gy_pass']:.3f}) | {h['w_pass']:.3f} ({f['w_pass']:.3f}) | "
             f"{h['gemm_gx']:.3f} ({f['gemm_gx']:.3f}) | {h['gemm_gw']:.3f} ({f['gemm_gw']:.3f}) | "
             f"{r['gy_pass_pct_copy']:.0f}% | {h['abc_fwd']:.3f} / {h['bf16_fwd']:.3f} |")

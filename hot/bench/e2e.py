@@ -18,6 +18,8 @@ modes; modes that share the forward (bf16, hot) give the same first loss.
 Mode = method + compilation:
   method  bf16       exact, plain nn.Linear
           hot        HOT (HOTConfig(seed=0)) on every Linear, fast backend (reference on CPU)
+          paper      the same with the paper's setting (HOTConfig.paper(): fixed low-pass HLA
+                     rows, 4-bit HQ)
           hot_ref    HOT on the reference backend inside quant.hash_rng() (the fast kernels'
                      random stream: the same computation up to rare flipped codes)
           hot_exact  the HOT wrappers with HOTConfig.exact() (exact gradients)
@@ -82,7 +84,8 @@ import torch.nn.functional as F
 # bf16 autocast, so "hot" is the hot-bf16 recipe (with seed 0), "hot_ref" the same on the
 # reference backend, "hot_exact" its layers with HOTConfig.exact(). The float8 methods are
 # torchao's recipes, peers measured beside HOT's, not HOT recipes.
-RECIPE_OF = {"bf16": "bf16", "hot": "hot-bf16", "hot_ref": "hot-bf16", "hot_exact": "hot-bf16"}
+RECIPE_OF = {"bf16": "bf16", "hot": "hot-bf16", "hot_ref": "hot-bf16", "hot_exact": "hot-bf16",
+             "paper": "paper"}
 FLOAT8_RECIPES = {"float8_tw": "tensorwise", "float8_rw": "rowwise"}
 MODE_METHODS = (*RECIPE_OF, *FLOAT8_RECIPES)
 SUFFIXES = ("", "_compile", "_compile_cg", "_compile_ro", "_compile_rc")

@@ -93,6 +93,17 @@ def bits(v: str):
     return int(v)
 
 
+def hq_bits(v: str):
+    """bits(), or auto (HQConfig's default: 4 where the GPU has INT4 tensor cores, else 8)."""
+    if v.lower() == "auto":
+        return "auto"
+    try:
+        return bits(v)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a supported width; give auto, 4, 8 or "
+                                         f"none.") from None
+
+
 def image_shape(v: str) -> tuple[int, int, int]:
     """C,H,W of one image (also CxHxW), each 1 or more."""
     try:

@@ -14,6 +14,7 @@ import torch
 import hot
 from hot import recipes
 from hot.recipes import Recipe
+from hot.common.config import SELECTIONS, HOTConfig
 
 from ..analysis.records import finite
 from . import argtypes as T
@@ -87,16 +88,22 @@ def add_json_flag(p: argparse.ArgumentParser) -> None:
                    help="print one JSON object on stdout (progress and notes go to stderr)")
 
 
+_DEFAULT = HOTConfig()  # the flags' defaults are HOTConfig()'s, never restated
+
+
 def add_hot_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("HOT configuration (defaults: the paper's setting)")
-    g.add_argument("--hq-bits", type=T.bits, default=4, metavar="{4,8,none}",
-                   help="g_x path operand width (default 4)")
+    g = p.add_argument_group("HOT configuration (defaults: HOTConfig()'s)")
+    g.add_argument("--hq-bits", type=T.hq_bits, default=_DEFAULT.hq.bits,
+                   metavar="{auto,4,8,none}",
+                   help="g_x path operand width (auto: 4 where the GPU has INT4 tensor cores, "
+                        "else 8)")
     g.add_argument("--gy-scale", choices=("auto", "token", "tensor"), default="auto",
                    help="g_y scaling on the g_x path; auto = LQS picks per layer")
     g.add_argument("--hla-rank", type=T.hla_rank, default=8, metavar="{1,2,4,8,16}",
                    help="Walsh coefficients kept per block of 16 token rows (default 8)")
-    g.add_argument("--hla-selection", choices=("lowpass", "lp_l1"), default="lowpass",
-                   help="which coefficients HLA keeps (default lowpass)")
+    g.add_argument("--hla-selection", choices=SELECTIONS, default=_DEFAULT.hla.selection,
+                   help="which coefficients HLA keeps: lowpass and lp_l1 are the paper's fixed "
+                        "(biased) rows, stratified draws them per block (unbiased)")
     g.add_argument("--hla-blocking", choices=("flat", "sequence"), default="flat",
                    help="token blocks over the flattened axis or inside each sequence")
     g.add_argument("--hla-bits", type=T.bits, default=8, metavar="{4,8,none}",
@@ -123,10 +130,11 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
 
 # The flags that shape HOT's quantizers, with their defaults: a recipe that is not tunable
 # (hot.recipes.Recipe.tunable) has its own quantizers and takes none of them.
-_QUANTIZER_FLAGS = {"hq_bits": 4, "gy_scale": "auto", "hla_rank": 8, "hla_selection": "lowpass",
-                    "hla_blocking": "flat", "hla_bits": 8, "abc": "auto", "hla_amax": "current",
-                    "lqs_ratio": 0.5,
-                    "hla_full_rank": ()}
+_QUANTIZER_FLAGS = {"hq_bits": _DEFAULT.hq.bits, "gy_scale": _DEFAULT.hq.gy_scale,
+                    "hla_rank": _DEFAULT.hla.rank, "hla_selection": _DEFAULT.hla.selection,
+                    "hla_blocking": _DEFAULT.hla.blocking, "hla_bits": _DEFAULT.hla.bits,
+                    "abc": _DEFAULT.hla.abc, "hla_amax": _DEFAULT.hla.amax,
+                    "lqs_ratio": _DEFAULT.lqs.ratio, "hla_full_rank": ()}
 
 
 def method_recipe(name: str) -> Recipe:

@@ -11,8 +11,11 @@ Names from the paper (Kim et al., "HOT: Hadamard-based Optimized Training", CVPR
 * **LQS** (Layer-wise Quantizer Selection): each layer chooses per-token or per-tensor scaling
   of g_y on the g_x path from its own gradient statistics.
 
-``HOTConfig()`` is the paper's setting; ``HOTConfig.exact()`` disables quantization and low rank
-so that gradients equal autograd's (up to float rounding of the orthonormal transforms).
+``HOTConfig()`` is the default: the paper's method with an unbiased weight gradient (HLA's rows
+drawn per block, selection "stratified") and HQ's width following the GPU (bits "auto");
+``HOTConfig.paper()`` is the paper's setting exactly (4-bit HQ, the fixed low-pass HLA);
+``HOTConfig.exact()`` disables quantization and low rank so that gradients equal autograd's
+(up to float rounding of the orthonormal transforms).
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ VALID_RANKS = (1, 2, 4, 8, 16)
 # methods the tools offer are recipes (hot.recipes), each of which names one of these.
 BACKWARDS = ("hot", "int4", "luq", "lbp_wht")
 BLOCK = 16  # the paper's block size for both transforms; kernels assume it
+SELECTIONS = ("lowpass", "lp_l1", "stratified")  # HLAConfig.selection
+DRAWN_SELECTIONS = ("stratified",)  # drawn per layer, step and block: unbiased
+# "stratified": rows kept of each sequency band (0-3, 4-7, 8-11, 12-15) per rank
+STRATA = {4: (1, 1, 1, 1), 8: (4, 2, 1, 1), 16: (4, 4, 4, 4)}
 
 
 class HOTConfigError(ValueError):
@@ -62,21 +69,27 @@ def _check_choice(where: str, value: str, choices: tuple[str, ...]) -> None:
 class HQConfig:
     """The g_x path (HQ): g_x = deq(Q(g_y H) . Q(H^T W)).
 
-    bits: 4 (paper) or 8; None = no quantization (the transform still runs, exactly).
+    bits: 4 (paper) or 8; None = no quantization (the transform still runs, exactly); "auto"
+        (default) = 4 where the GPU has INT4 tensor cores (compute capability 8.x: Ampere and
+        Ada, where the 4-bit GEMM runs at twice the 8-bit rate) and 8 elsewhere (Hopper has no
+        INT4 tensor cores, so its 4-bit codes run through the same INT8 GEMM and 8 bits cost
+        nothing; on a CPU neither width is faster), decided per call from the data's device
+        (``hq_bits``) so both backends compute the same function on one device.
     gy_scale: "auto" lets LQS pick per layer; "token" or "tensor" forces one choice.
     w_scale: "channel" = one scale per input channel of W (constant along the contracted
         dimension O, so an integer GEMM can apply it in its epilogue), or "tensor".
     gy_rounding / w_rounding: "stochastic" (unbiased) or "nearest".
     """
 
-    bits: Optional[int] = 4
+    bits: "Optional[int | str]" = "auto"
     gy_scale: str = "auto"
     w_scale: str = "channel"
     gy_rounding: str = "stochastic"
     w_rounding: str = "stochastic"
 
     def __post_init__(self) -> None:
-        _check_bits("HQConfig.bits", self.bits)
+        if self.bits != "auto":
+            _check_bits("HQConfig.bits", self.bits)
         _check_choice("HQConfig.gy_scale", self.gy_scale, ("auto", "token", "tensor"))
         _check_choice("HQConfig.w_scale", self.w_scale, ("channel", "tensor"))
         _check_choice("HQConfig.gy_rounding", self.gy_rounding, ("stochastic", "nearest"))
@@ -88,8 +101,15 @@ class HLAConfig:
     """The g_W path (HLA) and what the forward saves (ABC).
 
     rank: r of every 16 Walsh coefficients kept per block of 16 token rows; 16 = no low rank.
-    selection: "lowpass" = the r lowest sequencies (1-D low-pass, default, best measured accuracy);
-        "lp_l1" = the paper's 2-D LP_L1 criterion from LBP-WHT read on a 4x4 grid.
+    selection: which r of the 16 Walsh rows each block keeps.
+        "lowpass" = the r lowest sequencies (the paper's 1-D low-pass): a fixed projection, so
+        g_W is biased (at rank 8 it is g_W of averaged token pairs).
+        "lp_l1" = the paper's 2-D LP_L1 criterion from LBP-WHT read on a 4x4 grid (fixed too).
+        "stratified" = drawn per layer, step and block of 16 tokens from the layer's seed: the
+        sequency bands 0-3, 4-7, 8-11, 12-15 keep (4, 2, 1, 1) rows at rank 8 ((1, 1, 1, 1) at
+        rank 4), each row drawn uniformly inside its band and weighted by 1 / p, so
+        E[g_W] is the exact g_W (hot.common.walsh; docs/algorithm.md). The same GEMM shapes
+        and the same saved codes as "lowpass"; ranks 4, 8 and 16.
     blocking: "flat" = blocks of 16 consecutive rows of the flattened token axis (default);
         "sequence" = blocks stay inside each sequence (the second-to-last input dimension),
         each sequence zero-padded to a multiple of 16.
@@ -122,7 +142,7 @@ class HLAConfig:
     """
 
     rank: int = 8
-    selection: str = "lowpass"
+    selection: str = "stratified"
     blocking: str = "flat"
     bits: Optional[int] = 8
     scale: str = "channel"
@@ -137,13 +157,23 @@ class HLAConfig:
                 f"HLAConfig.rank={self.rank!r} is not supported: use one of {VALID_RANKS} "
                 f"(rows kept of every {BLOCK}-point Walsh block; 16 = no low rank)."
             )
-        _check_choice("HLAConfig.selection", self.selection, ("lowpass", "lp_l1"))
+        _check_choice("HLAConfig.selection", self.selection, SELECTIONS)
+        if self.selection in DRAWN_SELECTIONS and self.rank not in STRATA:
+            raise HOTConfigError(
+                f"HLAConfig(selection={self.selection!r}) supports rank {sorted(STRATA)}, not "
+                f"{self.rank!r}: it keeps at least one row of each of the four sequency bands. "
+                f"Use rank 4 or 8, or selection='lowpass'.")
         _check_choice("HLAConfig.blocking", self.blocking, ("flat", "sequence"))
         _check_bits("HLAConfig.bits", self.bits)
         _check_choice("HLAConfig.scale", self.scale, ("channel", "tensor"))
         _check_choice("HLAConfig.rounding", self.rounding, ("stochastic", "nearest"))
         _check_choice("HLAConfig.abc", self.abc, ("save", "recompute", "auto"))
         _check_choice("HLAConfig.amax", self.amax, ("current", "delayed"))
+        if self.amax == "delayed" and self.selection in DRAWN_SELECTIONS:
+            raise HOTConfigError(
+                f"HLAConfig(amax='delayed') needs a fixed row selection, not "
+                f"selection={self.selection!r} (a drawn selection's scales are the absmax of "
+                f"every row): use selection='lowpass' or amax='current'.")
         if self.amax == "delayed" and (self.scale != "channel" or self.bits is None):
             raise HOTConfigError(
                 f"HLAConfig(amax='delayed') needs scale='channel' and bits 4 or 8, not "
@@ -174,6 +204,19 @@ class LQSConfig:
             raise HOTConfigError(
                 f"LQSConfig.calibration_steps={self.calibration_steps!r} must be >= 1."
             )
+
+
+def hq_bits(bits: "Optional[int | str]", device) -> int:
+    """HQConfig.bits for data on ``device`` (0 = no quantization): "auto" is 4 on a CUDA
+    device of compute capability 8.x (INT4 tensor cores), else 8."""
+    if bits != "auto":
+        return bits or 0
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] == 8:
+        return 4
+    return 8
 
 
 def _sub(cls, d):
@@ -260,6 +303,8 @@ class HOTConfig:
                                          f"{value!r}; start from HOTConfig.{m}().")
         if self.method == "lbp_wht":
             for name, value, ok, fix in (
+                    ("hla.selection", self.hla.selection,
+                     self.hla.selection not in DRAWN_SELECTIONS, "'lp_l1' or 'lowpass'"),
                     ("hq.bits", self.hq.bits, self.hq.bits is None, "None (no quantization)"),
                     ("hla.bits", self.hla.bits, self.hla.bits is None, "None (no quantization)"),
                     ("hla.blocking", self.hla.blocking, self.hla.blocking == "flat", "'flat'")):
@@ -285,8 +330,9 @@ class HOTConfig:
 
     @classmethod
     def paper(cls) -> "HOTConfig":
-        """The paper's setting: HQ 4-bit, HLA rank 8 of 16 in INT8, ABC, LQS (same as HOTConfig())."""
-        return cls()
+        """The paper's setting: HQ 4-bit, HLA rank 8 of 16 (the fixed low-pass rows) in INT8,
+        ABC, LQS."""
+        return cls(hq=HQConfig(bits=4), hla=HLAConfig(selection="lowpass"))
 
     @classmethod
     def recommended(cls, exact_steps: int) -> "HOTConfig":
@@ -302,7 +348,7 @@ class HOTConfig:
             raise HOTConfigError(
                 f"HOTConfig.recommended(exact_steps={exact_steps!r}): give a whole number of "
                 f"exact warm-up steps >= 0, e.g. 0.4 of the run's steps.")
-        return cls(exact_steps=int(exact_steps))
+        return dataclasses.replace(cls.paper(), exact_steps=int(exact_steps))
 
     @classmethod
     def hlq(cls) -> "HOTConfig":
@@ -310,7 +356,8 @@ class HOTConfig:
         ABC (the forward keeps x; its HLA codes are formed in backward, with the same seed, so
         eagerly the same g_W) and without LQS (per-token g_y scales on every layer, the
         official code's quantizer when LQS is off)."""
-        return cls(hq=HQConfig(gy_scale="token"), hla=HLAConfig(abc="recompute"))
+        return cls(hq=HQConfig(bits=4, gy_scale="token"),
+                   hla=HLAConfig(selection="lowpass", abc="recompute"))
 
     @classmethod
     def int4(cls) -> "HOTConfig":
@@ -318,7 +365,8 @@ class HOTConfig:
         4-bit stochastic rounding and one absmax scale per tensor, no transform, full rank."""
         return cls(method="int4",
                    hq=HQConfig(bits=4, gy_scale="tensor", w_scale="tensor"),
-                   hla=HLAConfig(rank=16, bits=4, scale="tensor", abc="recompute"))
+                   hla=HLAConfig(rank=16, selection="lowpass", bits=4, scale="tensor",
+                                 abc="recompute"))
 
     @classmethod
     def luq(cls) -> "HOTConfig":
@@ -340,7 +388,7 @@ class HOTConfig:
     def exact(cls) -> "HOTConfig":
         """No quantization and no low rank: the transforms run but are orthonormal, so the
         gradients equal autograd's up to float rounding."""
-        return cls(hq=HQConfig(bits=None), hla=HLAConfig(rank=16, bits=None))
+        return cls(hq=HQConfig(bits=None), hla=HLAConfig(rank=16, selection="lowpass", bits=None))
 
     def replace(self, **changes) -> "HOTConfig":
         """A copy with top-level fields replaced; sub-configs take dicts of their own fields,

@@ -24,6 +24,11 @@ hla_quantize(x (L, C), HLAArgs) -> Quantized(q (C, Lr), scale (C|1, 1))
     hla_matrix(rank, selection) on each block of 16 consecutive rows:
     q * scale ~= ((I (x) T_r) pad(x))^T, i.e. q[c, j*rank + t] ~ sum_i T_r[t, i] x[16 j + i, c].
     Used for g_y (C = O) in backward and for x (C = I) in forward (ABC saves this q).
+    A drawn selection (HLAConfig(selection="stratified"), HLAArgs.draw its seed) is
+    hot.common.transforms.drawn_transform: each block's token signs from the draw, then the
+    kept weighted rows; its scales are the absmax over all 16 weighted rows of the group (the
+    same for every draw), so q * scale ~= the kept coefficients and no code clips. x's codes
+    and g_y's take the same draw seed, so both keep the same rows of every block.
     With HLAArgs.history (HLAConfig.amax = "delayed"; ROW scales): scale =
     quant.delayed_scale(a, history, bits), a the columns' absmax of this transform, and then
     history = a, in place on the device (nothing waits for the host). A backend may form these
@@ -93,7 +98,7 @@ class HLAArgs(NamedTuple):
     """Arguments of hla_quantize after x."""
 
     rank: int
-    selection: str  # 'lowpass' or 'lp_l1' (hot.common.walsh.hla_rows)
+    selection: str  # 'lowpass', 'lp_l1' or 'stratified' (hot.common.walsh.hla_rows)
     bits: int  # 0 = no quantization
     scale_mode: ScaleMode
     stochastic: bool
@@ -102,6 +107,9 @@ class HLAArgs(NamedTuple):
     # absmax of each group in the previous pass, for quant.delayed_scale; the pass overwrites
     # it with its own.
     history: Optional[torch.Tensor] = None
+    # A drawn selection's seed (an int or a StepSeed): which rows each block keeps. The x pass
+    # of a layer's forward and the g_y pass of its backward take the same one.
+    draw: "int | StepSeed | None" = None
 
 
 class Quantized(NamedTuple):

@@ -155,6 +155,16 @@ def seed_value(seed: "int | StepSeed") -> int:
     return int(seed)
 
 
+def block_draws(seed: int, nblocks: int, device=None) -> torch.Tensor:
+    """HLA's drawn selection (HLAConfig(selection="stratified")): the draw m in {0, 4, 8, 12}
+    of each block j = 0 .. nblocks-1 of 16 rows, int64 on ``device``:
+        m_j = 4 * (mix32(j XOR seed_key(seed)) & 3)
+    a function of (seed, j) only, so x's codes in forward and g_y's in backward draw the same
+    rows from the same seed (hot.common.walsh.draw_signs says what m does)."""
+    j = torch.arange(nblocks, dtype=torch.int64, device=device)
+    return (mix32_tensor(j ^ seed_key(seed)) & 3) << 2
+
+
 _RNG = {"mode": "default"}
 
 

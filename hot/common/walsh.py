@@ -8,7 +8,15 @@ Conventions (used by every backend):
 * HQ uses ``hadamard16()`` = sylvester(16) / 4 (orthonormal, symmetric, H H = I) on blocks of 16
   consecutive channels: for a row vector block g, the transformed block is g @ H.
 * HLA uses ``hla_matrix(rank, selection)`` = the chosen rows of walsh(16): T_r (r x 16),
-  T_r T_r^T = I_r, and T_r^T T_r is the orthogonal projector onto the kept subspace.
+  T_r T_r^T = I_r, and T_r^T T_r is the orthogonal projector onto the kept subspace (the fixed
+  selections "lowpass" and "lp_l1": a biased estimator of g_W).
+* The drawn selection "stratified" (an unbiased estimator, docs/algorithm.md section 4b) keeps
+  the rows ``hla_rows(rank, "stratified")`` of walsh(16), each times sqrt(1 / p) with p its
+  inclusion probability (``hla_weights``), after the block's 16 token rows are multiplied by
+  the signs ``draw_signs(m)`` of a drawn m in {0, 4, 8, 12}. Those signs turn Sylvester row n
+  into row n XOR m, which moves each row only inside its sequency band (0-3, 4-7, 8-11,
+  12-15), uniformly over the band's 4 rows: so band b's kept rows are a uniform draw of
+  ``STRATA[rank][b]`` of its 4 rows, p = count / 4, and E[T^T T] = I.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import functools
 
 import torch
 
-from .config import BLOCK, VALID_RANKS, HOTConfigError
+from .config import BLOCK, DRAWN_SELECTIONS, STRATA, VALID_RANKS, HOTConfigError
 
 
 @functools.lru_cache(maxsize=None)
@@ -83,6 +91,8 @@ def hla_rows(rank: int, selection: str = "lowpass") -> tuple[int, ...]:
         raise HOTConfigError(f"rank={rank!r} is not supported: use one of {VALID_RANKS}.")
     if selection == "lowpass":
         return tuple(range(rank))
+    if selection == "stratified":
+        return tuple(4 * b + i for b, c in enumerate(_strata(rank)) for i in range(c))
     if selection == "lp_l1":
 
         def key(k: int) -> tuple[int, int, int]:
@@ -90,12 +100,55 @@ def hla_rows(rank: int, selection: str = "lowpass") -> tuple[int, ...]:
             return (u + v, max(u, v), k)
 
         return tuple(sorted(sorted(range(BLOCK), key=key)[:rank]))
-    raise HOTConfigError(f"selection={selection!r} is not one of ('lowpass', 'lp_l1').")
+    raise HOTConfigError(f"selection={selection!r} is not one of ('lowpass', 'lp_l1', "
+                         f"'stratified').")
+
+
+def _strata(rank: int) -> tuple[int, ...]:
+    if rank not in STRATA:
+        raise HOTConfigError(f"HLAConfig(selection='stratified') supports rank {sorted(STRATA)}, "
+                             f"not {rank!r}: it keeps at least one row of each of the four "
+                             f"sequency bands; use rank 4 or 8, or a fixed selection.")
+    return STRATA[rank]
+
+
+@functools.lru_cache(maxsize=None)
+def hla_weights(rank: int, selection: str = "lowpass") -> tuple[float, ...]:
+    """The weight 1 / p of each kept row (hla_rows' order): 1 for the fixed selections; for
+    "stratified", 4 / (rows kept of the row's band)."""
+    if selection not in DRAWN_SELECTIONS:
+        return (1.0,) * len(hla_rows(rank, selection))
+    return tuple(4.0 / c for c in _strata(rank) for _ in range(c))
+
+
+def band_weights(rank: int) -> tuple[float, ...]:
+    """"stratified": the weight 1 / p of each of the 16 sequencies (that of its band)."""
+    return tuple(4.0 / c for c in _strata(rank) for _ in range(4))
 
 
 def hla_matrix(rank: int, selection: str = "lowpass") -> torch.Tensor:
-    """T_r: the kept rows of walsh(16), shape (rank, 16), float64 CPU, orthonormal rows."""
-    return walsh(BLOCK)[list(hla_rows(rank, selection))]
+    """T_r: the kept rows of walsh(16) times sqrt(hla_weights), shape (rank, 16), float64 CPU
+    (orthonormal rows for the fixed selections)."""
+    w = torch.tensor(hla_weights(rank, selection), dtype=torch.float64).sqrt()
+    return walsh(BLOCK)[list(hla_rows(rank, selection))] * w[:, None]
+
+
+def full_matrix(rank: int) -> torch.Tensor:
+    """"stratified": every row of walsh(16) times sqrt of its band's weight (16 x 16, float64):
+    the kept rows of any draw are rows of it, and a draw only permutes rows inside a band, so
+    the absmax over all 16 rows is the same for every draw (the scale of the codes)."""
+    w = torch.tensor(band_weights(rank), dtype=torch.float64).sqrt()
+    return walsh(BLOCK) * w[:, None]
+
+
+def draw_signs(m: torch.Tensor) -> torch.Tensor:
+    """The token signs of draws m (any shape, values in {0, 4, 8, 12}): (..., 16) float32 with
+    sign[..., i] = (-1)^popcount(m & i); sylvester(16) @ diag(sign) has row n XOR m at row n.
+    They are constant on each quarter of the block (m has bits 2 and 3 only)."""
+    i = torch.arange(BLOCK, device=m.device)
+    b = m.unsqueeze(-1) & i
+    parity = ((b >> 2) ^ (b >> 3)) & 1
+    return (1 - 2 * parity).to(torch.float32)
 
 
 def block_diag(mat: torch.Tensor, blocks: int) -> torch.Tensor:

@@ -49,7 +49,8 @@ def layer_backward(gy: torch.Tensor, wt: torch.Tensor, x_codes: Quantized, hq: H
         return None
     bsum = need_gb and bsum_capable()
     step = step_counter(hq, hla)
-    if step is not step_counter(hq_w, None):
+    w_step = step_counter(hq_w, None)
+    if w_step is not None and w_step is not step:
         raise ValueError("layer_backward: the g_y and W passes must follow the same step counter")
     pg = plan_for(gy, hq, hla, bsum, step is not None)
     pw = plan_for(wt, hq_w, None, False, step is not None)

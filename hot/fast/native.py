@@ -25,7 +25,8 @@ import torch
 from ..common.ops import HLAArgs, HQArgs
 from ..common.options import on_change, options
 from . import _ext
-from .passes import PassOutputs, PassPlan, absmax_workspace, fixed_tile, key_arg, step_counter
+from .passes import (PassOutputs, PassPlan, absmax_workspace, draw_arg, fixed_tile, key_arg,
+                     step_counter)
 
 _LOCK = threading.Lock()
 _PLANS: dict = {}  # (pass plan uid, x 16-byte aligned) -> NativePlan, or False (never)
@@ -170,7 +171,7 @@ def quant_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     CALLS["quant_pass"] += 1
     out = _ext.result_or_raise(module().quant_pass(
         list(cp), x, absmax_workspace(x.device, p.nh + p.nl), key_arg(hq.seed) if hq else 0,
-        key_arg(hla.seed) if hla else 0, step_counter(hq, hla)))
+        key_arg(hla.seed) if hla else 0, draw_arg(hla), step_counter(hq, hla)))
     return PassOutputs(*out)
 
 
@@ -191,4 +192,5 @@ def layer_backward(pg: PassPlan, pw: PassPlan, cg: NativePlan, cw: NativePlan, g
     amax = absmax_workspace(gy.device, ng + pw.nh)
     return _ext.result_or_raise(module().layer_backward(
         list(cg), list(cw), gy, wt, qx, sx, amax[:ng], amax[ng:], key_arg(hq.seed),
-        key_arg(hla.seed), key_arg(hq_w.seed), step, gemm_kind, _DT[gx_dtype], _DT[gw_dtype]))
+        key_arg(hla.seed), draw_arg(hla), key_arg(hq_w.seed), step, gemm_kind, _DT[gx_dtype],
+        _DT[gw_dtype]))

@@ -21,7 +21,8 @@ from ..common import quant
 from ..common.config import BLOCK
 from ..common.ops import HLAArgs, HQArgs, ScaleMode, pad_to
 from ..common.options import on_change, options
-from ..common.walsh import hla_rows, sequency, sylvester
+from ..common.config import DRAWN_SELECTIONS
+from ..common.walsh import band_weights, hla_rows, hla_weights, sequency, sylvester
 from .launch import Direct, Meta
 
 # Scale outputs are allocated in multiples of this many floats: csrc/binding.cpp's kScalePad.
@@ -49,7 +50,8 @@ StatsArgs = _args("StatsArgs", "Runtime parameters of stats_kernel.",
 QuantizeArgs = _args(
     "QuantizeArgs", "Runtime parameters of quantize_kernel.",
     ("hq_amax", _T), ("hla_amax", _T), ("hq_q", _T), ("hq_s", _T), ("C16", _I), ("hq_key", _I),
-    ("hla_q", _T), ("hla_s", _T), ("LR", _I), ("NBLK", _I), ("hla_key", _I), ("step", _T))
+    ("hla_q", _T), ("hla_s", _T), ("LR", _I), ("NBLK", _I), ("hla_key", _I), ("hla_draw", _I),
+    ("step", _T))
 OnepassArgs = _args(
     "OnepassArgs", "Runtime parameters of onepass_kernel.",
     ("hq_amax", _T), ("hla_amax", _T), ("sync", _T), ("hist", _T), ("bsum", _T), ("hq_q", _T),
@@ -133,10 +135,18 @@ def key_arg(seed) -> int:
     return _i32(seed.base) if isinstance(seed, quant.StepSeed) else seed_key(seed)
 
 
+def draw_arg(hla: Optional[HLAArgs]) -> int:
+    """What the quantize kernel takes for a drawn selection's seed (key_arg), 0 without one."""
+    return key_arg(hla.draw) if hla is not None and hla.draw is not None else 0
+
+
 def step_counter(hq: Optional[HQArgs], hla: Optional[HLAArgs]) -> Optional[torch.Tensor]:
-    """The step counter the pass's stochastic seeds follow, or None when they are plain ints.
-    Both parts of one pass come from one layer, so they follow the same counter."""
+    """The step counter the pass's stochastic seeds (and a drawn selection's seed) follow, or
+    None when they are plain ints. Both parts of one pass come from one layer, so they follow
+    the same counter."""
     seeds = [a.seed for a in (hq, hla) if a is not None and a.stochastic]
+    if hla is not None and hla.draw is not None:
+        seeds.append(hla.draw)
     steps = [s for s in seeds if isinstance(s, quant.StepSeed)]
     if not steps:
         return None
@@ -146,11 +156,30 @@ def step_counter(hq: Optional[HQArgs], hla: Optional[HLAArgs]) -> Optional[torch
     return steps[0].counter
 
 
+def _order() -> list[int]:
+    """order[k]: the Sylvester row number of walsh(16) row k (the rows sorted by sequency)."""
+    return torch.argsort(sequency(sylvester(BLOCK)), stable=True).tolist()
+
+
+_WEIGHT_CODE = {1.0: 0, 2.0: 1, 4.0: 2}  # kernels.quantize._weighted: sqrt(w) = 1, sqrt 2, 2
+
+
 def sel_code(rank: int, selection: str) -> int:
     """The kept Walsh rows as Sylvester row numbers, 4 bits each (the kernels' SEL): walsh(16)
-    row k is sylvester(16) row order[k] / 4 (the rows sorted by sequency)."""
-    order = torch.argsort(sequency(sylvester(BLOCK)), stable=True).tolist()
+    row k is sylvester(16) row order[k] / 4."""
+    order = _order()
     return sum(order[k] << (4 * t) for t, k in enumerate(hla_rows(rank, selection)))
+
+
+def weight_code(rank: int, selection: str) -> int:
+    """The kept rows' weights (hla_weights), 2 bits each in SEL's order (the kernels' WSEL)."""
+    return sum(_WEIGHT_CODE[w] << (2 * t) for t, w in enumerate(hla_weights(rank, selection)))
+
+
+def band_code(rank: int) -> int:
+    """A drawn selection's weight of every Sylvester row n, 2 bits each (the kernels' BWSEL)."""
+    w = band_weights(rank)
+    return sum(_WEIGHT_CODE[w[k]] << (2 * n) for k, n in enumerate(_order()))
 
 
 def fixed_tile() -> bool:
@@ -237,13 +266,15 @@ def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
     # EVEN: every tile lies inside x (a fixed tile dividing both sides), so the kernels load
     # and store unmasked (ViT-B and Llama shapes).
     even = fixed and r % tile.rows == 0 and c % tile.cols == 0
-    sw = dict(RANK=rank, SEL=sel_code(rank, selection), DO_HQ=hq is not None,
+    draw = hla is not None and selection in DRAWN_SELECTIONS
+    sw = dict(RANK=rank, SEL=sel_code(rank, selection), DRAW=draw, DO_HQ=hq is not None,
               DO_HLA=hla is not None, HQ_ROW=hq_row, HLA_ROW=hla_row,
               IDX64=reach + max(c16, l16) >= 1 << 31, EVEN=even)
     tile_kw = dict(BLOCK_R=tile.rows, BLOCK_C=tile.cols, num_warps=tile.warps) if fixed else {}
-    stats_meta = Meta(**sw, DO_BSUM=bsum, DOT_DTYPE=dot_dtype, PREC=prec, **tile_kw)
+    stats_meta = Meta(**sw, BWSEL=band_code(rank) if draw else 0, DO_BSUM=bsum,
+                      DOT_DTYPE=dot_dtype, PREC=prec, **tile_kw)
     quantize_meta = Meta(
-        **sw, USE_STEP=use_step, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0, HQ_STOCH=bool(hq and hq[2]),
+        **sw, WSEL=weight_code(rank, selection), USE_STEP=use_step, HQ_QMAX=float(quant.qmax(hq[0])) if hq else 1.0, HQ_STOCH=bool(hq and hq[2]),
         HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0, HLA_STOCH=bool(hla and hla[4]),
         # The spec rounds t * r and v + u separately: no FMA contraction (kernels.quantize).
         enable_fp_fusion=False, **tile_kw)
@@ -260,6 +291,9 @@ def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
                              "checks this)")
         onepass, fixup = _delayed_launchers()
         n_rt, n_ct = -(-l16 // tile.rows), -(-c16 // tile.cols)
+        if draw:
+            raise ValueError("a delayed HLA scale needs a fixed row selection (HLAConfig "
+                             "checks this)")
         own = dict(USE_STEP=use_step, RANK=rank, SEL=sw["SEL"], IDX64=sw["IDX64"],
                    HLA_QMAX=float(quant.qmax(hla[2])), HLA_STOCH=bool(hla[4]),
                    BLOCK_R=tile.rows, BLOCK_C=tile.cols, num_warps=tile.warps,
@@ -327,7 +361,7 @@ def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
         x, x.stride(0), x.stride(1), r, c, amax, hla_amax,
         hq_q if hq else amax, hq_s if hq else amax, p.c16, key_arg(hq.seed) if hq else 0,
         hla_q if hla else amax, hla_s if hla else amax, p.lr, p.l16 // BLOCK,
-        key_arg(hla.seed) if hla else 0, step if step is not None else amax)
+        key_arg(hla.seed) if hla else 0, draw_arg(hla), step if step is not None else amax)
     return stats, quantize, PassOutputs(hq_q, hq_s, hla_q, hla_s, bsum)
 
 

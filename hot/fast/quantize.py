@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from ..common.config import DRAWN_SELECTIONS
 from ..common.ops import HLAArgs, HQArgs, Quantized
 from . import native
 from .gemm import tag_small_codes
@@ -38,6 +39,8 @@ def gy_pass(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
     float32 (C,) in place of the partials: summed by the stats kernel per row of tiles and then
     over those rows, the bias gradient without another read of x.
     """
+    if hla is not None and hla.selection in DRAWN_SELECTIONS and hla.draw is None:
+        raise ValueError(f"fast hla pass: selection {hla.selection!r} needs HLAArgs.draw")
     p = plan_for(x, hq, hla, bsum)
     if p.delayed is not None:
         out = launch_delayed(x, p, hq, hla)

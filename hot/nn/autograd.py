@@ -5,19 +5,25 @@ LQS), which a traced graph would freeze into constants. So the HOT work sits ins
 operators declared with torch.library, opaque to the compiler, whose Python bodies read that
 state at run time:
 
-    hot::linear_fwd(x2d, W, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute)
-        -> (y2d = x2d W^T + b, q_x, s_x)     q_x, s_x = the ABC codes (empty when not kept);
-                                             with recompute: (y2d, empty, the layer's step
-                                             counter as of this call), and x2d is kept instead
+    hot::linear_fwd(x2d, W, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute,
+                    draw)
+        -> (y2d = x2d W^T + b, q_x, s_x, step)
+                                             q_x, s_x = the ABC codes (empty when not kept);
+                                             step = a copy of the layer's step counter as of
+                                             this call with recompute (x2d is kept instead of
+                                             the codes) or a drawn HLA selection (draw), else
+                                             empty
     hot::conv_fwd(x, W, b, key, stride, padding, dilation, <same flags>)
         -> (y = conv2d(x, W, b), q_x, s_x)   ABC of the unfolded patches (or the patches
                                              themselves while exact; with recompute, x is kept,
                                              and backward unfolds it)
-    hot::layer_bwd(g_y2d, W2d, saved0, saved1, key, cfg_key, exact, seq, need_gx, need_gw,
-                  need_gb, in_features, x_dtype, w_dtype, recompute)
-        -> (g_x2d, g_W2d, g_b)   (empty when not needed; with recompute, saved0 = x2d and
-                                  saved1 = the forward's step: the ABC codes are formed here;
-                                  cfg_key names the forward's config, which backward runs with)
+    hot::layer_bwd(g_y2d, W2d, saved0, saved1, fwd_step, key, cfg_key, exact, seq, need_gx,
+                  need_gw, need_gb, in_features, x_dtype, w_dtype, recompute)
+        -> (g_x2d, g_W2d, g_b)   (empty when not needed; saved0, saved1 = the ABC codes, or x2d
+                                  with recompute: the codes are formed here with the forward's
+                                  step fwd_step, whose seeds a drawn selection's backward
+                                  follows too; cfg_key names the forward's config, which
+                                  backward runs with)
 
 ``LinearFn`` / ``ConvFn`` wire them: forward runs the forward operator and keeps what backward
 needs (one convention for both layer types: the ABC codes, or x while exact or
@@ -66,7 +72,8 @@ from torch.autograd.function import once_differentiable
 from ..common import ops
 from .backward import abc_codes, hot_backward, kept_by_producer, no_autocast, patches, seq_pad
 from ..common.quant import StepSeed
-from .state import ABC_X, LayerPlan, config_of, hla_history, is_narrow, make_plan, seed_base
+from .state import (ABC_X, DRAW, LayerPlan, config_of, draws_rows, hla_history, is_narrow,
+                    make_plan, seed_base)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "float64": torch.float64}
@@ -148,7 +155,7 @@ def _empty(t: torch.Tensor) -> torch.Tensor:
 
 
 def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: int,
-               row: bool, recompute: bool) -> LayerPlan:
+               row: bool, recompute: bool, draw: bool) -> LayerPlan:
     """make_plan for this call, after checking the constants the caller passed (traced ones may
     be stale) against the layer's live state."""
     cfg = layer.hot_config
@@ -157,11 +164,12 @@ def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: i
     # "auto" was resolved by the caller (from the producer or the partitioner's flag): either is
     # live.
     live = (plan.exact, h.rank, h.bits or 0, h.scale == "channel",
-            recompute if h.abc == "auto" else h.abc == "recompute")
-    if live != (exact, rank, bits, row, recompute):
+            recompute if h.abc == "auto" else h.abc == "recompute", draws_rows(cfg))
+    if live != (exact, rank, bits, row, recompute, draw):
         raise RuntimeError(
             f"HOT layer {layer.hot_name!r}: the compiled graph was traced for (exact, rank, bits, "
-            f"per-channel scale, ABC recompute) = {(exact, rank, bits, row, recompute)} but the "
+            f"per-channel scale, ABC recompute, drawn rows) = "
+            f"{(exact, rank, bits, row, recompute, draw)} but the "
             f"layer now has {live}; this is a missing recompile: call torch._dynamo.reset() "
             f"and compile again.")
     return plan
@@ -169,8 +177,13 @@ def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: i
 
 def _step_snapshot(layer) -> torch.Tensor:
     """The layer's step counter as the forward saw it (a device copy: backward forms the ABC codes
-    with the forward's seed, whatever backwards ran in between, and a CUDA graph copies it)."""
+    and draws the HLA rows with the forward's seeds, whatever backwards ran in between, and a
+    CUDA graph copies it)."""
     return layer.hot_step.clone()
+
+
+def _step_fake(w: torch.Tensor) -> torch.Tensor:
+    return w.new_empty((), dtype=torch.int64)
 
 
 def _abc_fake(x2d: torch.Tensor, seq: int, rank: int, bits: int, row: bool) -> ops.Quantized:
@@ -208,34 +221,46 @@ def _first_order(backward):
 
 def _linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
                 need_gx: bool, need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
-                row: bool, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                row: bool, recompute: bool, draw: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
     _check_capturable(layer, x2d.device)
     with no_autocast(x2d.device.type):
         y = F.linear(x2d, w, b)
-        plan = _live_plan(layer, x2d, seq, exact, rank, bits, row, recompute)
+        plan = _live_plan(layer, x2d, seq, exact, rank, bits, row, recompute, draw)
         if need_gw and not exact:
-            if recompute:  # LinearFn.forward keeps x2d
-                return y, _empty(y), _step_snapshot(layer)
-            q, s = abc_codes(plan, x2d)
-            return y, q.contiguous(), s.contiguous()
+            return (y, *_abc_outputs(layer, plan, x2d, recompute, draw))
     # While exact, x2d itself is kept (LinearFn.forward saves the input: no copy).
-    return y, _empty(y), _empty(y)
+    return y, _empty(y), _empty(y), _empty(y)
 
 
-def _linear_fwd_fake(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute):
+def _abc_outputs(layer, plan: LayerPlan, rows: torch.Tensor, recompute: bool, draw: bool):
+    """(q_x, s_x, step) of a forward that keeps what HOT's g_W path needs of ``rows``."""
+    if recompute:  # the Function keeps x: backward forms the codes
+        return _empty(rows), _empty(rows), _step_snapshot(layer)
+    q, s = abc_codes(plan, rows)
+    return q.contiguous(), s.contiguous(), _step_snapshot(layer) if draw else _empty(rows)
+
+
+def _abc_outputs_fake(w, rows, seq, rank, bits, row, recompute, draw):
+    if recompute:
+        return _empty(rows), _empty(rows), _step_fake(w)
+    q, s = _abc_fake(rows, seq, rank, bits, row)
+    return q, s, _step_fake(w) if draw else _empty(rows)
+
+
+def _linear_fwd_fake(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute,
+                     draw):
     y = F.linear(x2d, w, b)
     if need_gw and not exact:
-        if recompute:
-            return y, _empty(y), w.new_empty((), dtype=torch.int64)
-        q, s = _abc_fake(x2d, seq, rank, bits, row)
-        return y, q, s
-    return y, _empty(y), _empty(y)
+        return (y, *_abc_outputs_fake(w, x2d, seq, rank, bits, row, recompute, draw))
+    return y, _empty(y), _empty(y), _empty(y)
 
 
 linear_fwd = _def("linear_fwd(Tensor x2d, Tensor w, Tensor? b, int key, bool need_gx, "
                   "bool need_gw, bool exact, int seq, int rank, int bits, bool row, "
-                  "bool recompute) -> (Tensor, Tensor, Tensor)", _linear_fwd, _linear_fwd_fake)
+                  "bool recompute, bool draw) -> (Tensor, Tensor, Tensor, Tensor)",
+                  _linear_fwd, _linear_fwd_fake)
 
 
 class LinearFn(torch.autograd.Function):
@@ -245,21 +270,18 @@ class LinearFn(torch.autograd.Function):
     # of a setup_context Function through inspect.signature on every call (host time).
     @staticmethod
     def forward(ctx, x2d, w, b, key, cfg, need_gx, need_gw, exact, seq, rank, bits, row,
-                recompute):
+                recompute, draw):
         out = _call(linear_fwd, _linear_fwd, x2d, w, b, key, need_gx, need_gw, exact, seq, rank,
-                    bits, row, recompute)
-        _, q, s = out
-        recompute = recompute and not exact
-        saved = ((x2d,) if exact else (x2d, s) if recompute else (q, s)) if need_gw else ()
-        _setup_common(ctx, q, s, saved, w if need_gx else None, key, cfg, exact, seq, need_gx,
-                      need_gw, x2d.shape[1], x2d.dtype, w.dtype, recompute, b is not None)
+                    bits, row, recompute, draw)
+        _setup_common(ctx, out, x2d, w if need_gx else None, key, cfg, exact, seq, need_gx,
+                      need_gw, x2d.shape[1], x2d.dtype, w.dtype, recompute, draw, b is not None)
         return out
 
     @staticmethod
     @_first_order
-    def backward(ctx, gy2d, _gq, _gs):
+    def backward(ctx, gy2d, _gq, _gs, _gstep):
         gx, gw, gb = _backward_2d(ctx, gy2d)
-        return (gx, gw, gb) + (None,) * 10
+        return (gx, gw, gb) + (None,) * 11
 
 
 # ---------------------------------------------------------------- conv2d
@@ -268,41 +290,40 @@ class LinearFn(torch.autograd.Function):
 def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
               stride: list[int], padding: list[int], dilation: list[int], need_gx: bool,
               need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
-              row: bool, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              row: bool, recompute: bool, draw: bool
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
     _check_capturable(layer, x.device)
     with no_autocast(x.device.type):
         y = F.conv2d(x, w, b, stride, padding, dilation)
-        plan = _live_plan(layer, x, seq, exact, rank, bits, row, recompute)
+        plan = _live_plan(layer, x, seq, exact, rank, bits, row, recompute, draw)
         if not need_gw:
-            return y, _empty(y), _empty(y)
+            return y, _empty(y), _empty(y), _empty(y)
         if recompute and not exact:  # ConvFn.forward keeps x
-            return y, _empty(y), _step_snapshot(layer)
+            return y, _empty(y), _empty(y), _step_snapshot(layer)
         rows = patches(x, w.shape[-2:], stride, padding, dilation)
         if exact:  # the patches themselves (a transient of kh*kw times x)
-            return y, rows.contiguous(), _empty(y)
-        q, s = abc_codes(plan, rows)
-    return y, q.contiguous(), s.contiguous()
+            return y, rows.contiguous(), _empty(y), _empty(y)
+        return (y, *_abc_outputs(layer, plan, rows, False, draw))
 
 
 def _conv_fwd_fake(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank,
-                   bits, row, recompute):
+                   bits, row, recompute, draw):
     y = F.conv2d(x, w, b, stride, padding, dilation)
     if not need_gw:
-        return y, _empty(y), _empty(y)
+        return y, _empty(y), _empty(y), _empty(y)
     if recompute and not exact:
-        return y, _empty(y), w.new_empty((), dtype=torch.int64)
+        return y, _empty(y), _empty(y), _step_fake(w)
     rows = x.new_empty((y.shape[0] * y.shape[2] * y.shape[3], w[0].numel()))
     if exact:
-        return y, rows, _empty(y)
-    q, s = _abc_fake(rows, seq, rank, bits, row)
-    return y, q, s
+        return y, rows, _empty(y), _empty(y)
+    return (y, *_abc_outputs_fake(w, rows, seq, rank, bits, row, False, draw))
 
 
 conv_fwd = _def("conv_fwd(Tensor x, Tensor w, Tensor? b, int key, int[] stride, int[] padding, "
                 "int[] dilation, bool need_gx, bool need_gw, bool exact, int seq, int rank, "
-                "int bits, bool row, bool recompute) -> (Tensor, Tensor, Tensor)",
-                _conv_fwd, _conv_fwd_fake)
+                "int bits, bool row, bool recompute, bool draw) "
+                "-> (Tensor, Tensor, Tensor, Tensor)", _conv_fwd, _conv_fwd_fake)
 
 
 class ConvFn(torch.autograd.Function):
@@ -310,22 +331,20 @@ class ConvFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b, key, cfg, stride, padding, dilation, need_gx, need_gw, exact, seq,
-                rank, bits, row, recompute):
+                rank, bits, row, recompute, draw):
         out = _call(conv_fwd, _conv_fwd, x, w, b, key, stride, padding, dilation, need_gx,
-                    need_gw, exact, seq, rank, bits, row, recompute)
-        _, q, s = out
-        recompute = recompute and not exact
-        saved = ((q,) if exact else (x, s) if recompute else (q, s)) if need_gw else ()
-        _setup_common(ctx, q, s, saved, w.reshape(w.shape[0], -1) if need_gx else None, key,
-                      cfg, exact, seq, need_gx, need_gw, w[0].numel(), x.dtype, w.dtype,
-                      recompute, b is not None)
+                    need_gw, exact, seq, rank, bits, row, recompute, draw)
+        # while exact, the patches (in q's place) are what backward needs of x
+        _setup_common(ctx, out, None if exact else x, w.reshape(w.shape[0], -1) if need_gx
+                      else None, key, cfg, exact, seq, need_gx, need_gw, w[0].numel(), x.dtype,
+                      w.dtype, recompute, draw, b is not None)
         ctx.geom = (tuple(stride), tuple(padding), tuple(dilation))
         ctx.x_shape, ctx.w_shape = tuple(x.shape), tuple(w.shape)
         return out
 
     @staticmethod
     @_first_order
-    def backward(ctx, gy, _gq, _gs):
+    def backward(ctx, gy, _gq, _gs, _gstep):
         stride, padding, dilation = ctx.geom
         gy2d = gy.permute(0, 2, 3, 1).reshape(-1, gy.shape[1])
         unfold = None
@@ -339,18 +358,31 @@ class ConvFn(torch.autograd.Function):
             gx = F.fold(gx, ctx.x_shape[-2:], ctx.w_shape[-2:], dilation, padding, stride)
         if gw is not None:
             gw = gw.reshape(ctx.w_shape)
-        return (gx, gw, gb) + (None,) * 13
+        return (gx, gw, gb) + (None,) * 14
 
 
 # ---------------------------------------------------------------- shared backward
 
 
-def _setup_common(ctx, q, s, saved, w2d, key, cfg, exact, seq, need_gx, need_gw, in_features,
-                  x_dtype, w_dtype, recompute, has_bias):
-    ctx.mark_non_differentiable(q, s)
-    # q and s get no gradient: do not let autograd materialize zeros of their shapes for
+def _setup_common(ctx, out, x, w2d, key, cfg, exact, seq, need_gx, need_gw, in_features,
+                  x_dtype, w_dtype, recompute, draw, has_bias):
+    """Keep what backward needs: of x (when need_gw), x itself while exact (a conv's patches,
+    out's q, in its place: ``x`` None), x and the forward's step with recompute, else the ABC
+    codes (q, s) and, for a drawn selection, the forward's step; then W when need_gx."""
+    _, q, s, step = out
+    ctx.mark_non_differentiable(q, s, step)
+    # q, s and step get no gradient: do not let autograd materialize zeros of their shapes for
     # backward (an allocation and a memset of the codes' size per call).
     ctx.set_materialize_grads(False)
+    recompute = recompute and not exact
+    if not need_gw:
+        saved = ()
+    elif exact:
+        saved = (q,) if x is None else (x,)
+    elif recompute:
+        saved = (x, None, step)
+    else:
+        saved = (q, s, step) if draw else (q, s)
     ctx.n_saved, ctx.recompute = len(saved), recompute
     ctx.save_for_backward(*saved, *((w2d,) if w2d is not None else ()))
     ctx.key, ctx.cfg, ctx.exact, ctx.seq = key, cfg, exact, seq
@@ -364,19 +396,21 @@ def _backward_2d(ctx, gy2d, unfold=None):
     """(g_x as L x in_features, g_W as O x in_features, g_b) from hot::layer_bwd; None where not
     needed. ``unfold`` turns a kept conv input into the rows layer_bwd quantizes (recompute)."""
     t = ctx.saved_tensors
-    saved = list(t[: ctx.n_saved]) + [None] * (2 - ctx.n_saved)
+    saved = list(t[: ctx.n_saved]) + [None] * (3 - ctx.n_saved)  # codes or x, and the step
     if unfold is not None and ctx.need_gw:
         saved[0] = unfold(saved[0])
     w2d = t[ctx.n_saved] if ctx.need_gx else None
     need_gb = ctx.has_bias and ctx.needs_input_grad[2]
-    args = (gy2d, w2d, saved[0], saved[1], ctx.key, ctx.cfg, ctx.exact, ctx.seq, ctx.need_gx,
-            ctx.need_gw, need_gb, ctx.in_features, ctx.x_dtype, ctx.w_dtype, ctx.recompute)
+    args = (gy2d, w2d, saved[0], saved[1], saved[2], ctx.key, ctx.cfg, ctx.exact, ctx.seq,
+            ctx.need_gx, ctx.need_gw, need_gb, ctx.in_features, ctx.x_dtype, ctx.w_dtype,
+            ctx.recompute)
     gx, gw, gb = layer_bwd(*args) if ctx.traced else _layer_bwd(*args)
     return (gx if ctx.need_gx else None), (gw if ctx.need_gw else None), (gb if need_gb else None)
 
 
 def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[torch.Tensor],
-               saved1: Optional[torch.Tensor], key: int, cfg_key: int, exact: bool, seq: int,
+               saved1: Optional[torch.Tensor], fwd_step: Optional[torch.Tensor], key: int,
+               cfg_key: int, exact: bool, seq: int,
                need_gx: bool,
                need_gw: bool, need_gb: bool, in_features: int, x_dtype: str,
                w_dtype: str, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -384,16 +418,20 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
     _check_capturable(layer, gy2d.device)
     # The forward's config (``cfg_key``), not the layer's live one: a set_config between a
     # forward and its backward applies from the next forward (the saved tensors, the method and
-    # the delayed histories belong to the forward's). With recompute, saved1 is the step counter
-    # as the forward saw it.
+    # the delayed histories belong to the forward's). fwd_step: the step counter as the forward
+    # saw it (with recompute, or drawn rows).
     cfg = config_of(cfg_key)
     seed_x = 0
     if recompute and need_gw and cfg.hla.bits and cfg.hla.rounding == "stochastic":
-        seed_x = StepSeed(seed_base(cfg, layer.hot_id, ABC_X), saved1, None)
+        seed_x = StepSeed(seed_base(cfg, layer.hot_id, ABC_X), fwd_step, None)
     x_hist = None
     if recompute and need_gw and not exact:
         x_hist = hla_history(layer, cfg, ABC_X, gy2d.device)
-    plan = LayerPlan(cfg, layer._backend_for(gy2d.device), exact, seq, seed_x, x_hist)
+    draw = 0
+    if draws_rows(cfg) and need_gw and not exact:
+        draw = StepSeed(seed_base(cfg, layer.hot_id, DRAW), fwd_step, None)
+    plan = LayerPlan(cfg, layer._backend_for(gy2d.device), exact, seq, seed_x, x_hist, draw,
+                     fwd_step)
     saved = None
     if need_gw:
         saved = saved0 if exact else ops.Quantized(saved0, saved1)
@@ -410,7 +448,8 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
             gb if gb is not None else _empty(gy2d))
 
 
-def _layer_bwd_fake(gy2d, w2d, saved0, saved1, key, cfg_key, exact, seq, need_gx, need_gw,
+def _layer_bwd_fake(gy2d, w2d, saved0, saved1, fwd_step, key, cfg_key, exact, seq, need_gx,
+                    need_gw,
                     need_gb, in_features, x_dtype, w_dtype, recompute):
     n, o = gy2d.shape
     gx = gy2d.new_empty((n, in_features), dtype=_DTYPES[x_dtype]) if need_gx else _empty(gy2d)
@@ -419,7 +458,8 @@ def _layer_bwd_fake(gy2d, w2d, saved0, saved1, key, cfg_key, exact, seq, need_gx
     return gx, gw, gb
 
 
-layer_bwd = _def("layer_bwd(Tensor gy2d, Tensor? w2d, Tensor? saved0, Tensor? saved1, int key, "
+layer_bwd = _def("layer_bwd(Tensor gy2d, Tensor? w2d, Tensor? saved0, Tensor? saved1, "
+                 "Tensor? fwd_step, int key, "
                  "int cfg_key, bool exact, int seq, bool need_gx, bool need_gw, bool need_gb, "
                  "int in_features, str x_dtype, str w_dtype, bool recompute) "
                  "-> (Tensor, Tensor, Tensor)", _layer_bwd, _layer_bwd_fake)
@@ -465,12 +505,14 @@ def _codes_nbytes(rows: int, cols: int, seq: int, h, x: torch.Tensor) -> int:
 
 
 def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int, copy_rows: Optional[int]):
-    """(cfg_key, need_gx, need_gw, exact, seq, rank, bits, row, recompute): the constants of
-    this call; cfg_key names the config the backward runs with (state.config_key)."""
-    h = layer.hot_config.hla
-    exact = layer._hot_exact_phase or x.numel() == 0 or is_narrow(layer, layer.hot_config)
+    """(cfg_key, need_gx, need_gw, exact, seq, rank, bits, row, recompute, draw): the constants
+    of this call; cfg_key names the config the backward runs with (state.config_key)."""
+    cfg = layer.hot_config
+    h = cfg.hla
+    exact = layer._hot_exact_phase or x.numel() == 0 or is_narrow(layer, cfg)
     return (layer._hot_config_key, x.requires_grad, w.requires_grad, exact, seq, h.rank,
-            h.bits or 0, h.scale == "channel", _recompute(layer, x, w, seq, copy_rows))
+            h.bits or 0, h.scale == "channel", _recompute(layer, x, w, seq, copy_rows),
+            draws_rows(cfg))
 
 
 def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
@@ -480,7 +522,7 @@ def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
     flags = _flags(layer, x, w, seq, math.prod(x.shape[:-1]) if x_cast else None)
     if x.dim() == 2:  # no views around the Function: its output is the layer's output
         return LinearFn.apply(x, w, b, layer._hot_key, *flags)[0]
-    y2d, _, _ = LinearFn.apply(x.reshape(-1, x.shape[-1]), w, b, layer._hot_key, *flags)
+    y2d = LinearFn.apply(x.reshape(-1, x.shape[-1]), w, b, layer._hot_key, *flags)[0]
     return y2d.reshape(*x.shape[:-1], y2d.shape[-1])
 
 
@@ -494,5 +536,4 @@ def conv2d(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], g
                // stride[i] + 1 for i in (0, 1)]
         rows = x.shape[0] * out[0] * out[1]
     cfg, *flags = _flags(layer, x, w, seq, rows)
-    y, _, _ = ConvFn.apply(x, w, b, layer._hot_key, cfg, stride, padding, dilation, *flags)
-    return y
+    return ConvFn.apply(x, w, b, layer._hot_key, cfg, stride, padding, dilation, *flags)[0]

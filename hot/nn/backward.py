@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ..common import ops
 from ..common.ops import HLAArgs, HQArgs, LayerGrads, Quantized, ScaleMode
+from ..common.quant import StepSeed
 from ..common.transforms import hla_untransform
 from .state import LayerPlan, begin_backward
 
@@ -54,11 +55,13 @@ def scale_mode(granularity: str) -> ScaleMode:
     return ScaleMode.ROW if granularity in ("channel", "token") else ScaleMode.TENSOR
 
 
-def hla_args(plan: LayerPlan, seed: int, history: Optional[torch.Tensor] = None) -> HLAArgs:
-    """HLA's quantizer arguments; ``history``: the operand's delayed absmax (hla_history)."""
+def hla_args(plan: LayerPlan, seed: int, history: Optional[torch.Tensor] = None,
+             draw: "int | StepSeed" = 0) -> HLAArgs:
+    """HLA's quantizer arguments; ``history``: the operand's delayed absmax (hla_history);
+    ``draw``: a drawn selection's seed (LayerPlan.seed_draw)."""
     h = plan.config.hla
     return HLAArgs(h.rank, h.selection, h.bits or 0, scale_mode(h.scale),
-                   h.rounding == "stochastic", seed, history)
+                   h.rounding == "stochastic", seed, history, draw if draw else None)
 
 
 # Autograd nodes that keep their own output (first output) for backward: ReLU, sigmoid, tanh,
@@ -82,7 +85,8 @@ def kept_by_producer(x: torch.Tensor) -> bool:
 
 def abc_codes(plan: LayerPlan, x2d: torch.Tensor) -> Quantized:
     """ABC: the codes the g_W path needs of x (rows = tokens), with the forward's seed."""
-    return ops.hla_quantize(seq_pad(x2d, plan.seq), hla_args(plan, plan.seed_x, plan.x_hist),
+    return ops.hla_quantize(seq_pad(x2d, plan.seq),
+                            hla_args(plan, plan.seed_x, plan.x_hist, plan.seed_draw),
                             plan.backend)
 
 
@@ -119,7 +123,7 @@ def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_d
         return _baseline_grads(plan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_dtype,
                                need_gb)
     hq, hq_w = _gx_args(cfg, bp)
-    hla = hla_args(plan, bp.seed_hla, bp.gy_hist)
+    hla = hla_args(plan, bp.seed_hla, bp.gy_hist, bp.seed_draw)
     gy_hla = seq_pad(gy2d, plan.seq) if need_gw else gy2d
     gx = gw = gb = None
     if need_gx and need_gw and gy_hla is gy2d:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..common import lqs
-from ..common.config import HOTConfig
+from ..common.config import DRAWN_SELECTIONS, HOTConfig, hq_bits
 from ..common.ops import ScaleMode
 from ..common.quant import M32, StepSeed, seed_prefix
 
@@ -64,6 +64,13 @@ class LayerPlan:
     seq: int  # rows per sequence for blocking='sequence', else 0
     seed_x: "int | StepSeed"  # stochastic-rounding seed of the ABC codes
     x_hist: Optional[torch.Tensor] = None  # HLAConfig.amax "delayed": x's channel absmax
+    # A drawn HLA selection (HLAConfig.selection "stratified"): the seed of the rows each block
+    # keeps, the same for x's codes (forward) and g_y's (backward); else 0.
+    seed_draw: "int | StepSeed" = 0
+    # In backward, with a drawn selection: the layer's step counter as its forward saw it (a
+    # device copy), which every seed of the backward follows, so g_y keeps x's rows even where
+    # another backward of the layer ran in between (a layer called twice per step).
+    fwd_step: Optional[torch.Tensor] = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,7 @@ class BackwardPlan:
     seed_w: "int | StepSeed"
     seed_hla: "int | StepSeed"
     gy_hist: Optional[torch.Tensor] = None  # HLAConfig.amax "delayed": g_y's channel absmax
+    seed_draw: "int | StepSeed" = 0  # LayerPlan.seed_draw, following the forward's step
 
 
 def _rank() -> int:
@@ -83,8 +91,8 @@ def _rank() -> int:
     return 0
 
 
-# Operand numbers in the seed bases.
-ABC_X, GY_HQ, W_HQ, GY_HLA = 0, 1, 2, 3
+# Operand numbers in the seed bases (DRAW: a drawn HLA selection's rows).
+ABC_X, GY_HQ, W_HQ, GY_HLA, DRAW = 0, 1, 2, 3, 4
 
 
 @functools.lru_cache(maxsize=4096)
@@ -98,9 +106,18 @@ def seed_base(cfg: HOTConfig, layer_id: int, operand: int) -> int:
     return _base(b, layer_id, operand, _rank())
 
 
-def layer_seed(layer, cfg: HOTConfig, operand: int, step: int) -> StepSeed:
-    """The seed of ``operand`` at ``step`` (the current count of layer.hot_step)."""
+def layer_seed(layer, cfg: HOTConfig, operand: int, step: int,
+               counter: Optional[torch.Tensor] = None) -> StepSeed:
+    """The seed of ``operand`` at ``step`` (the current count of layer.hot_step), or, with
+    ``counter`` (a copy of the counter made by the forward), at the step that copy holds."""
+    if counter is not None:
+        return StepSeed(seed_base(cfg, layer.hot_id, operand), counter, None)
     return StepSeed(seed_base(cfg, layer.hot_id, operand), layer.hot_step, step)
+
+
+def draws_rows(cfg: HOTConfig) -> bool:
+    """Whether HOT's g_W path draws its HLA rows (an unbiased, drawn selection)."""
+    return cfg.method == "hot" and cfg.hla.selection in DRAWN_SELECTIONS
 
 
 def hla_history(layer, cfg: HOTConfig, operand: int, device: torch.device) -> Optional[torch.Tensor]:
@@ -133,7 +150,8 @@ def make_plan(layer, cfg: HOTConfig, backend: str, seq: int, empty: bool = False
     seed_x = 0 if exact or not cfg.hla.bits or cfg.hla.rounding != "stochastic" \
         else layer_seed(layer, cfg, ABC_X, step)
     hist = None if exact else hla_history(layer, cfg, ABC_X, layer.weight.device)
-    return LayerPlan(cfg, backend, exact, seq, seed_x, hist)
+    draw = layer_seed(layer, cfg, DRAW, step) if draws_rows(cfg) and not exact else 0
+    return LayerPlan(cfg, backend, exact, seq, seed_x, hist, draw)
 
 
 # g_y scale mode of the g_x path: forced by HQConfig.gy_scale, or LQS's decision.
@@ -181,7 +199,7 @@ def begin_backward(layer, plan: LayerPlan, gy2d: torch.Tensor) -> BackwardPlan:
     with layer.hot_advance_step() once the call's kernels are enqueued)."""
     cfg = plan.config
     step = layer.hot_step_value()
-    bits = cfg.hq.bits or 0
+    bits = hq_bits(cfg.hq.bits, gy2d.device)
     if bits and step < cfg.exact_steps + cfg.int8_steps:
         bits = 8
     if plan.exact:
@@ -193,6 +211,11 @@ def begin_backward(layer, plan: LayerPlan, gy2d: torch.Tensor) -> BackwardPlan:
             _lqs_mode(layer, cfg, gy2d, bits)
         return BackwardPlan(True, 0, ScaleMode.TENSOR, 0, 0, 0)
     mode = _lqs_mode(layer, cfg, gy2d, bits) if bits else ScaleMode.TENSOR
-    return BackwardPlan(False, bits, mode, layer_seed(layer, cfg, GY_HQ, step),
-                        layer_seed(layer, cfg, W_HQ, step), layer_seed(layer, cfg, GY_HLA, step),
-                        hla_history(layer, cfg, GY_HLA, gy2d.device))
+    # With drawn rows every seed follows the forward's step (LayerPlan.fwd_step): the g_y pass
+    # draws and rounds from one counter, and the W pass shares it in a one-call backward.
+    at = plan.fwd_step if draws_rows(cfg) else None
+    return BackwardPlan(False, bits, mode, layer_seed(layer, cfg, GY_HQ, step, at),
+                        layer_seed(layer, cfg, W_HQ, step, at),
+                        layer_seed(layer, cfg, GY_HLA, step, at),
+                        hla_history(layer, cfg, GY_HLA, gy2d.device),
+                        layer_seed(layer, cfg, DRAW, step, at) if draws_rows(cfg) else 0)

@@ -13,7 +13,8 @@ import torch
 from ..common import ops, quant
 from ..common.backend import Backend, register_backend
 from ..common.ops import HLAArgs, HQArgs, Quantized
-from ..common.transforms import compute_dtype, hla_transform, hq_transform
+from ..common.config import DRAWN_SELECTIONS
+from ..common.transforms import compute_dtype, drawn_transform, hla_transform, hq_transform
 
 
 def _finish(t: torch.Tensor, bits: int, scale_mode, stochastic: bool, seed: int,
@@ -31,6 +32,13 @@ def hq_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
 
 
 def hla_quantize(x: torch.Tensor, a: HLAArgs) -> Quantized:
+    if a.selection in DRAWN_SELECTIONS:
+        if a.draw is None:
+            raise ValueError(f"hla_quantize: selection {a.selection!r} needs HLAArgs.draw")
+        t, full = drawn_transform(x, a.rank, quant.seed_value(a.draw))
+        scale = quant.absmax_scale(full, a.bits, ops.ScaleMode(a.scale_mode).value) \
+            if a.bits else None
+        return _finish(t, a.bits, a.scale_mode, a.stochastic, a.seed, scale)
     t = hla_transform(x, a.rank, a.selection)
     if a.history is None:
         return _finish(t, a.bits, a.scale_mode, a.stochastic, a.seed)

@@ -60,6 +60,46 @@ def test_hla_matches_reference(shape, rank, sel, bits, mode, stoch, seed):
                 tol=_hla_tol(x, sr, bits))
 
 
+def _drawn_tol(x, s_ref, bits):
+    # As _hla_tol with the largest row constant 1/2 instead of 1/4 (a row of weight 4 is
+    # sqrt(4) / 4 times +-1): |dz| <= 16 terms * 16 eps * max|x| / 2 = 128 eps max|x|.
+    xmax = x.float().abs().amax(0).cpu().reshape(-1, 1)
+    return EPS32 * (128 * xmax / s_ref.cpu() + 2 * quant.qmax(bits))
+
+
+@settings(max_examples=25, deadline=None)
+@given(shapes, st.sampled_from([4, 8, 16]), bits_s, mode_s, st.booleans(),
+       st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1))
+def test_drawn_hla_matches_reference(shape, rank, bits, mode, stoch, seed, draw):
+    """HLAConfig(selection="stratified"): the kernels' per-block signs, kept weighted rows and
+    all-row absmax are the reference's drawn_transform (codes up to boundary flips)."""
+    x = _x(shape, torch.float32, seed % 1000)
+    a = hla_args(rank, "stratified", bits, mode, stoch, seed)._replace(draw=draw)
+    q, s = fq.hla_quantize(x, a)
+    with quant.hash_rng():
+        qr, sr = ref.hla_quantize(x, a)
+    check_codes(q, s, qr, sr, hla_transform(x, rank, "stratified", draw), bits, stoch, seed,
+                tol=_drawn_tol(x, sr, bits))
+
+
+def test_drawn_hla_follows_the_step_counter_and_differs_by_draw():
+    """A drawn selection's seed may follow a step counter (a StepSeed, as layers pass it): the
+    kernel forms the key from the counter in device memory, as the reference does from the
+    step; and another draw keeps other rows (the codes change)."""
+    x = _x((64, 24), torch.float32, 4)
+    counter = torch.tensor(7, dtype=torch.int64, device=DEVICE)
+    base = hla_args(8, "stratified", 8, "row", True, 0)
+    a = base._replace(seed=quant.StepSeed(11, counter, 7), draw=quant.StepSeed(13, counter, 7))
+    q, s = fq.hla_quantize(x, a)
+    with quant.hash_rng():
+        qr, sr = ref.hla_quantize(x, a)
+    check_codes(q, s, qr, sr, hla_transform(x, 8, "stratified", quant.seed_value(a.draw)), 8,
+                True, quant.seed_value(a.seed), tol=_drawn_tol(x, sr, 8))
+    counter.fill_(8)  # the next step: another draw, the same scales (the all-row absmax)
+    q2, s2 = fq.hla_quantize(x, a)
+    assert torch.equal(s2, s) and not torch.equal(q2, q)
+
+
 def test_strided_input_weight_transpose():
     # The weight operand is hq_quantize(W^T) on a transposed view: no copy, same result.
     w = torch.randn(40, 24, device=DEVICE)

@@ -129,7 +129,7 @@ def test_tiny_vit_sequence_blocking_and_global_rng_seeds():
     cfg = hot.HOTConfig(hla=hot.HLAConfig(blocking="sequence"))
     torch.manual_seed(0)
     base = TinyViT(image_size=8, channels=1, classes=4, patch=4, dim=32, depth=1, heads=2, mlp=32)
-    me = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    me = hot.convert(copy.deepcopy(base), cfg, convert_head=True, backend="reference")
     mc = hot.convert(copy.deepcopy(base), cfg, backend="reference")
     batches = _batches((3, 1, 8, 8), 4)
     batches = [(x, t[:, 0, 0, :]) for x, t in batches]  # targets (B, classes)

@@ -47,6 +47,14 @@ Sylvester in sequency order; n_t packed 4 bits each in the constexpr SEL):
         the same butterfly along the token axis, then only the kept rows, joined into
         (BR/16, BC, RANK) so a column's codes of one block leave in one vector store. The
         butterfly's row 0 (the block sums) gives the bias partial sums.
+    HLA with a drawn selection (DRAW; HLAConfig(selection="stratified")): the quantize kernel
+        multiplies each block's quarters of slabs by the signs of its draw (quant.block_draws:
+        one hash per block of 16 rows, keyed by the runtime hla_draw like a seed) before the
+        butterfly, which moves each Walsh row inside its sequency band (walsh.draw_signs), then
+        keeps the rows SEL times their weights sqrt(1 / p) (WSEL, 2 bits a row: 1, sqrt 2, 2).
+        The stats kernel takes the absmax over all 16 weighted rows (band weights BWSEL) without
+        the signs: a draw permutes rows inside a band, so that absmax is the same for every draw
+        (bit for bit: the signed butterfly's outputs are the unsigned ones permuted and negated).
 
 Hash stream (hot.common.quant): one lowbias32 hash per PAIR of codes (row-major indices 2m,
 2m + 1), its low 16 bits for the even code and its high 16 bits for the odd one. The butterfly
@@ -308,12 +316,13 @@ def _hq_t_dot(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R: tl.constexpr,
 
 
 @triton.jit
-def _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL: tl.constexpr, RANK: tl.constexpr,
-           BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, IDX64: tl.constexpr,
-           EVEN: tl.constexpr):
-    """(z, d): z (BLOCK_R/16, BLOCK_C, RANK) float32, z[j, c, t] = sum_i T_r[t, i] x[16 j + i, c]
-    over the tile's local blocks j (zero rows past R, zero columns past C); d (BLOCK_R/16,
-    BLOCK_C) the unscaled Sylvester row 0, d[j, c] = sum_i x[16 j + i, c] (block sums)."""
+def _hla_ys(x_ptr, sxr, sxc, R, C, pid_r, pid_c, dkey, DRAW: tl.constexpr,
+            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, IDX64: tl.constexpr,
+            EVEN: tl.constexpr):
+    """The unscaled Sylvester coefficients of the tile's local blocks j as 16 slabs
+    (BLOCK_R/16, BLOCK_C): ys[n][j, c] = sum_i (-1)^popcount(n & i) x[16 j + i, c] (zero rows
+    past R, zero columns past C); with DRAW, of each block's rows times the signs of its draw
+    from the key ``dkey`` (module docstring)."""
     NJ: tl.constexpr = BLOCK_R // 16
     jr = pid_r * BLOCK_R + 16 * tl.arange(0, NJ)  # first row of each block
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -326,11 +335,70 @@ def _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL: tl.constexpr, RANK: tl.cons
         else:
             xi = tl.load(base + i * sxr, mask=(jr[:, None] + i < R) & cm, other=0.0)
         xs = xs + (xi.to(tl.float32),)
-    ys = _fwht16(xs)
+    if DRAW:
+        # m = 4 * (w & 3) for w = mix32(block ^ key): signs (-1)^popcount(m & i) are +1 on the
+        # first quarter of the block, then (-1)^b2, (-1)^b3, (-1)^(b2 + b3).
+        w = _mix32((pid_r * NJ + tl.arange(0, NJ)).to(tl.uint32) ^ dkey)
+        s1 = (1.0 - 2.0 * (w & 1).to(tl.float32))[:, None]
+        s2 = (1.0 - 2.0 * ((w >> 1) & 1).to(tl.float32))[:, None]
+        s3 = s1 * s2
+        signed = ()
+        for i in tl.static_range(16):
+            if i < 4:
+                signed = signed + (xs[i],)
+            elif i < 8:
+                signed = signed + (xs[i] * s1,)
+            elif i < 12:
+                signed = signed + (xs[i] * s2,)
+            else:
+                signed = signed + (xs[i] * s3,)
+        xs = signed
+    return _fwht16(xs)
+
+
+@triton.jit
+def _weighted(y, CODE: tl.constexpr):
+    """y times 1/4 (the orthonormal scale) times sqrt of a row's weight: CODE 0, 1, 2 for
+    weights 1, 2, 4 (the float32 constants hot.common.walsh's matrices round to)."""
+    if CODE == 1:
+        y = y * 0.3535533905932738
+    elif CODE == 2:
+        y = y * 0.5
+    else:
+        y = y * 0.25
+    return y
+
+
+@triton.jit
+def _hla_pick(ys, SEL: tl.constexpr, WSEL: tl.constexpr, RANK: tl.constexpr,
+              NJ: tl.constexpr, BLOCK_C: tl.constexpr):
+    """z (NJ, BLOCK_C, RANK): the kept rows SEL of ys, weighted by WSEL (2 bits a row)."""
     zs = ()
     for t in tl.static_range(RANK):
-        zs = zs + (ys[(SEL >> (4 * t)) & 15] * 0.25,)
-    return tl.reshape(_join_last(zs, RANK), (NJ, BLOCK_C, RANK)), ys[0]
+        zs = zs + (_weighted(ys[(SEL >> (4 * t)) & 15], (WSEL >> (2 * t)) & 3),)
+    return tl.reshape(_join_last(zs, RANK), (NJ, BLOCK_C, RANK))
+
+
+@triton.jit
+def _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL: tl.constexpr, RANK: tl.constexpr,
+           BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, IDX64: tl.constexpr,
+           EVEN: tl.constexpr):
+    """(z, d) of a fixed selection: z (BLOCK_R/16, BLOCK_C, RANK) float32, z[j, c, t] =
+    sum_i T_r[t, i] x[16 j + i, c] over the tile's local blocks j (zero rows past R, zero
+    columns past C); d (BLOCK_R/16, BLOCK_C) the unscaled Sylvester row 0, d[j, c] =
+    sum_i x[16 j + i, c] (block sums)."""
+    ys = _hla_ys(x_ptr, sxr, sxc, R, C, pid_r, pid_c, 0, False, BLOCK_R, BLOCK_C, IDX64, EVEN)
+    return _hla_pick(ys, SEL, 0, RANK, BLOCK_R // 16, BLOCK_C), ys[0]
+
+
+@triton.jit
+def _hla_full_amax(ys, BWSEL: tl.constexpr):
+    """A drawn selection's absmax bits per column: the max over all 16 rows of ys, each row n
+    weighted by its band's code (BWSEL, 2 bits a Sylvester row), and over the blocks."""
+    a = _abs_bits(_weighted(ys[0], BWSEL & 3))
+    for n in tl.static_range(1, 16):
+        a = tl.maximum(a, _abs_bits(_weighted(ys[n], (BWSEL >> (2 * n)) & 3)))
+    return tl.max(a, axis=0)
 
 
 @triton.jit
@@ -353,7 +421,7 @@ def _hla_u(cols, jb, LR, key, NJ: tl.constexpr, BLOCK_C: tl.constexpr, RANK: tl.
 @triton.jit
 def stats_kernel(
     x_ptr, sxr, sxc, R, C, hq_amax_ptr, hla_amax_ptr, bsum_ptr,
-    RANK: tl.constexpr, SEL: tl.constexpr,
+    RANK: tl.constexpr, SEL: tl.constexpr, DRAW: tl.constexpr, BWSEL: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     DO_BSUM: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
     EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -377,9 +445,15 @@ def stats_kernel(
             tl.atomic_max(hq_amax_ptr, tl.max(a, axis=0), sem="relaxed")
     if DO_HLA:
         cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        z, d = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64,
-                      EVEN)
-        a = tl.max(tl.max(_abs_bits(z), axis=2), axis=0)
+        if DRAW:
+            ys = _hla_ys(x_ptr, sxr, sxc, R, C, pid_r, pid_c, 0, False, BLOCK_R, BLOCK_C,
+                         IDX64, EVEN)
+            a = _hla_full_amax(ys, BWSEL)
+            d = ys[0]
+        else:
+            z, d = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C,
+                          IDX64, EVEN)
+            a = tl.max(tl.max(_abs_bits(z), axis=2), axis=0)
         if DO_BSUM:
             tl.store(bsum_ptr + _idx(cols, IDX64) * tl.num_programs(0) + pid_r,
                      tl.sum(d, axis=0), mask=cols < C)
@@ -389,20 +463,21 @@ def stats_kernel(
             tl.atomic_max(hla_amax_ptr, tl.max(a, axis=0), sem="relaxed")
 
 
-@triton.jit(do_not_specialize=["hq_key", "hla_key"])
+@triton.jit(do_not_specialize=["hq_key", "hla_key", "hla_draw"])
 def quantize_kernel(
     x_ptr, sxr, sxc, R, C, hq_amax_ptr, hla_amax_ptr,
     hq_q_ptr, hq_s_ptr, C16, hq_key,
-    hla_q_ptr, hla_s_ptr, LR, NBLK, hla_key, step_ptr,
-    USE_STEP: tl.constexpr, RANK: tl.constexpr, SEL: tl.constexpr,
+    hla_q_ptr, hla_s_ptr, LR, NBLK, hla_key, hla_draw, step_ptr,
+    USE_STEP: tl.constexpr, RANK: tl.constexpr, SEL: tl.constexpr, DRAW: tl.constexpr,
+    WSEL: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr, HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr,
     IDX64: tl.constexpr, EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Codes and scales of one tile: scale = amax / qmax (1 where amax == 0), v = t * (1 /
     scale), codes by _round with u of the code's row-major index in q; the keys of the two
-    streams by _key (USE_STEP: from the step counter at step_ptr). Compile with
-    enable_fp_fusion=False."""
+    streams by _key (USE_STEP: from the step counter at step_ptr), and so is a drawn
+    selection's (DRAW) from hla_draw. Compile with enable_fp_fusion=False."""
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     if DO_HQ:
@@ -411,8 +486,9 @@ def quantize_kernel(
                           EVEN, BLOCK_R, BLOCK_C)
     if DO_HLA:
         _hla_quantize_tile(x_ptr, sxr, sxc, R, C, hla_amax_ptr, hla_q_ptr, hla_s_ptr, LR, NBLK,
-                           hla_key, step_ptr, pid_r, pid_c, USE_STEP, RANK, SEL, HLA_ROW,
-                           HLA_QMAX, HLA_STOCH, IDX64, EVEN, BLOCK_R, BLOCK_C)
+                           hla_key, hla_draw, step_ptr, pid_r, pid_c, USE_STEP, RANK, SEL,
+                           DRAW, WSEL, HLA_ROW, HLA_QMAX, HLA_STOCH, IDX64, EVEN, BLOCK_R,
+                           BLOCK_C)
 
 
 @triton.jit
@@ -481,8 +557,9 @@ def _hq_store(ys, r, rows, c0, rmask, hq_q_ptr, C16, hq_key, step_ptr, USE_STEP:
 
 @triton.jit
 def _hla_quantize_tile(x_ptr, sxr, sxc, R, C, hla_amax_ptr, hla_q_ptr, hla_s_ptr, LR, NBLK,
-                       hla_key, step_ptr, pid_r, pid_c, USE_STEP: tl.constexpr,
-                       RANK: tl.constexpr, SEL: tl.constexpr, HLA_ROW: tl.constexpr,
+                       hla_key, hla_draw, step_ptr, pid_r, pid_c, USE_STEP: tl.constexpr,
+                       RANK: tl.constexpr, SEL: tl.constexpr, DRAW: tl.constexpr,
+                       WSEL: tl.constexpr, HLA_ROW: tl.constexpr,
                        HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr, IDX64: tl.constexpr,
                        EVEN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """quantize_kernel's HLA part: the tile's HLA codes (and, from the first row of tiles, the
@@ -491,7 +568,13 @@ def _hla_quantize_tile(x_ptr, sxr, sxc, R, C, hla_amax_ptr, hla_q_ptr, hla_s_ptr
     cmask = cols < C
     r = _group_recip(hla_amax_ptr, hla_s_ptr, cols, cmask, pid_r, pid_c, HLA_ROW, False,
                      HLA_QMAX)
-    z, _ = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64, EVEN)
+    if DRAW:
+        ys = _hla_ys(x_ptr, sxr, sxc, R, C, pid_r, pid_c, _key(hla_draw, step_ptr, USE_STEP),
+                     True, BLOCK_R, BLOCK_C, IDX64, EVEN)
+        z = _hla_pick(ys, SEL, WSEL, RANK, BLOCK_R // 16, BLOCK_C)
+    else:
+        z, _ = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64,
+                      EVEN)
     _hla_store(z, r, cols, cmask, pid_r, hla_q_ptr, LR, NBLK, hla_key, step_ptr, USE_STEP,
                RANK, HLA_ROW, HLA_QMAX, HLA_STOCH, IDX64, EVEN, BLOCK_R, BLOCK_C)
 
