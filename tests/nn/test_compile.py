@@ -77,6 +77,10 @@ def _steps(model):
     return [int(m.hot_step) for _, m in hot.hot_layers(model)]
 
 
+def _names(model):
+    return [n for n, _ in hot.hot_layers(model)]
+
+
 def test_mlp_compiles_without_graph_breaks_and_trains_like_eager():
     cfg = hot.HOTConfig(seed=7)
     base = _mlp()
@@ -124,13 +128,16 @@ def test_exact_cool_down_recompiles_once():
 
 def test_tiny_vit_sequence_blocking_and_global_rng_seeds():
     """TinyViT (attention, GELU, LayerNorm, CLS slicing) with blocking='sequence' and seed=None:
-    seeds come from torch's default generator, so the compiled ops must draw them in eager
-    order (forward ABC seeds layer by layer, then backward seeds in reverse)."""
+    the seed bases come from torch.initial_seed() (the last torch.manual_seed), read at run time
+    inside the ops, so the compiled model must round as the eager one. Both convert the head
+    too (the paper's setting), and both must hold the same HOT layers: a model whose head stays
+    exact trains differently from one whose head is HOT, compiled or not."""
     cfg = hot.HOTConfig(hla=hot.HLAConfig(blocking="sequence"))
     torch.manual_seed(0)
     base = TinyViT(image_size=8, channels=1, classes=4, patch=4, dim=32, depth=1, heads=2, mlp=32)
-    me = hot.convert(copy.deepcopy(base), cfg, convert_head=True, backend="reference")
-    mc = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    me = hot.convert(copy.deepcopy(base), cfg, backend="reference", convert_head=True)
+    mc = hot.convert(copy.deepcopy(base), cfg, backend="reference", convert_head=True)
+    assert _names(mc) == _names(me) and "head" in _names(mc) and len(_names(mc)) == 6
     batches = _batches((3, 1, 8, 8), 4)
     batches = [(x, t[:, 0, 0, :]) for x, t in batches]  # targets (B, classes)
     fwd = torch.compile(mc, backend="aot_eager", fullgraph=True)
@@ -139,7 +146,7 @@ def test_tiny_vit_sequence_blocking_and_global_rng_seeds():
     torch.manual_seed(5)
     comp = _train(mc, fwd, batches)
     _assert_same_training(eager, comp)
-    assert _steps(mc) == [3] * 6
+    assert _steps(mc) == _steps(me) == [3] * 6
 
 
 def test_conv_compiles_without_graph_breaks_and_trains_like_eager():
