@@ -112,7 +112,7 @@ SETTINGS = {s.name: s for s in (
             about="unbiased HLA (stratified rows) with 8-bit HQ (HOTConfig() on Hopper)"),
     Setting("strat_only", ("--method", "hot", "--hq-bits", "none", "--hla-bits", "none"),
             rank=8, about="the stratified rank-8 estimator alone, unquantized; g_x exact"),
-    Setting("strat_head16", ("--method", "hot", "--hla-full-rank", "head"), rank=8,
+    Setting("strat_head16", ("--method", "hot", "--hla-full-rank", "head,classifier"), rank=8,
             per_layer=True, about="HOTConfig() with the output head's g_W at rank 16"),
     Setting("strat_attn16", ("--method", "hot", "--hla-full-rank", "attn,attention"), rank=8,
             per_layer=True, about="HOTConfig() with the attention layers' g_W at rank 16"),

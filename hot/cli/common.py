@@ -103,7 +103,8 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
                    help="Walsh coefficients kept per block of 16 token rows (default 8)")
     g.add_argument("--hla-selection", choices=SELECTIONS, default=_DEFAULT.hla.selection,
                    help="which coefficients HLA keeps: lowpass and lp_l1 are the paper's fixed "
-                        "(biased) rows, stratified draws them per block (unbiased)")
+                        "(biased) rows, stratified draws them per block (unbiased), auto: "
+                        "stratified on Linear layers, lowpass on Conv2d")
     g.add_argument("--hla-blocking", choices=("flat", "sequence"), default="flat",
                    help="token blocks over the flattened axis or inside each sequence")
     g.add_argument("--hla-bits", type=T.bits, default=8, metavar="{4,8,none}",

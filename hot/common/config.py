@@ -30,7 +30,7 @@ VALID_RANKS = (1, 2, 4, 8, 16)
 # methods the tools offer are recipes (hot.recipes), each of which names one of these.
 BACKWARDS = ("hot", "int4", "luq", "lbp_wht")
 BLOCK = 16  # the paper's block size for both transforms; kernels assume it
-SELECTIONS = ("lowpass", "lp_l1", "stratified")  # HLAConfig.selection
+SELECTIONS = ("auto", "lowpass", "lp_l1", "stratified")  # HLAConfig.selection
 DRAWN_SELECTIONS = ("stratified",)  # drawn per layer, step and block: unbiased
 # "stratified": rows kept of each sequency band (0-3, 4-7, 8-11, 12-15) per rank
 STRATA = {4: (1, 1, 1, 1), 8: (4, 2, 1, 1), 16: (4, 4, 4, 4)}
@@ -110,6 +110,13 @@ class HLAConfig:
         rank 4), each row drawn uniformly inside its band and weighted by 1 / p, so
         E[g_W] is the exact g_W (hot.common.walsh; docs/algorithm.md). The same GEMM shapes
         and the same saved codes as "lowpass"; ranks 4, 8 and 16.
+        "auto" (default) = "stratified" on Linear layers and "lowpass" on Conv2d layers (a
+        layer's hot_config holds the resolved choice, ``for_layer``): a convolution's token
+        rows are overlapping windows of an image, so smooth along the tokens that the low-pass
+        drops little and the drawn rows' variance costs more than the bias they remove
+        (measured: ResNet-18 from scratch on Fashion-MNIST lost 1.27 points to FP32 with the
+        low-pass and 1.91 with the stratified rows; a ViT's Linear layers the reverse,
+        docs/results.md).
     blocking: "flat" = blocks of 16 consecutive rows of the flattened token axis (default);
         "sequence" = blocks stay inside each sequence (the second-to-last input dimension),
         each sequence zero-padded to a multiple of 16.
@@ -142,7 +149,7 @@ class HLAConfig:
     """
 
     rank: int = 8
-    selection: str = "stratified"
+    selection: str = "auto"
     blocking: str = "flat"
     bits: Optional[int] = 8
     scale: str = "channel"
@@ -158,7 +165,7 @@ class HLAConfig:
                 f"(rows kept of every {BLOCK}-point Walsh block; 16 = no low rank)."
             )
         _check_choice("HLAConfig.selection", self.selection, SELECTIONS)
-        if self.selection in DRAWN_SELECTIONS and self.rank not in STRATA:
+        if self.selection in (*DRAWN_SELECTIONS, "auto") and self.rank not in STRATA:
             raise HOTConfigError(
                 f"HLAConfig(selection={self.selection!r}) supports rank {sorted(STRATA)}, not "
                 f"{self.rank!r}: it keeps at least one row of each of the four sequency bands. "
@@ -169,7 +176,7 @@ class HLAConfig:
         _check_choice("HLAConfig.rounding", self.rounding, ("stochastic", "nearest"))
         _check_choice("HLAConfig.abc", self.abc, ("save", "recompute", "auto"))
         _check_choice("HLAConfig.amax", self.amax, ("current", "delayed"))
-        if self.amax == "delayed" and self.selection in DRAWN_SELECTIONS:
+        if self.amax == "delayed" and self.selection in (*DRAWN_SELECTIONS, "auto"):
             raise HOTConfigError(
                 f"HLAConfig(amax='delayed') needs a fixed row selection, not "
                 f"selection={self.selection!r} (a drawn selection's scales are the absmax of "
@@ -389,6 +396,13 @@ class HOTConfig:
         """No quantization and no low rank: the transforms run but are orthonormal, so the
         gradients equal autograd's up to float rounding."""
         return cls(hq=HQConfig(bits=None), hla=HLAConfig(rank=16, selection="lowpass", bits=None))
+
+    def for_layer(self, conv: bool) -> "HOTConfig":
+        """This config as a layer runs it: HLAConfig.selection "auto" resolved ("lowpass" for a
+        convolution, ``conv``, else "stratified"); unchanged otherwise."""
+        if self.hla.selection != "auto":
+            return self
+        return self.replace(hla={"selection": "lowpass" if conv else "stratified"})
 
     def replace(self, **changes) -> "HOTConfig":
         """A copy with top-level fields replaced; sub-configs take dicts of their own fields,

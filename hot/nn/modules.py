@@ -77,6 +77,7 @@ class _HOTMixin:
         return mod
 
     def _hot_init(self, config: HOTConfig, name: str, backend: Optional[str]) -> None:
+        config = config.for_layer(isinstance(self, nn.Conv2d))
         self.hot_config = config
         self._hot_config_key = config_key(config)
         self.hot_name = name
@@ -271,7 +272,9 @@ class _HOTMixin:
         return x, weight, bias
 
     def set_hot_config(self, config: HOTConfig) -> None:
-        """A new config for the next forward; a backward still runs with its forward's."""
+        """A new config for the next forward (HLAConfig.selection "auto" resolved for this
+        layer's type, HOTConfig.for_layer); a backward still runs with its forward's."""
+        config = config.for_layer(isinstance(self, nn.Conv2d))
         self.hot_config = config
         self._hot_config_key = config_key(config)
         self._hot_exact_phase = config.exact_at(self._hot_step_value)
