@@ -89,8 +89,9 @@ def test_linear_gw_mean_converges_to_exact(quantized, abc):
 
 
 @pytest.mark.parametrize("quantized", [False, True])
-def test_conv_gw_mean_converges_to_exact(quantized):
-    draws, exact = _conv_draws(_config("stratified", quantized, "save"), N_LARGE, seed=2)
+@pytest.mark.parametrize("abc", ["save", "recompute"])
+def test_conv_gw_mean_converges_to_exact(quantized, abc):
+    draws, exact = _conv_draws(_config("stratified", quantized, abc), N_LARGE, seed=2)
     _assert_unbiased(draws, exact)
 
 
