@@ -36,6 +36,9 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True, help="folder of the runs and the results")
     p.add_argument("--workers", type=int, default=1, help="runs at once (default 1)")
     p.add_argument("--device", default="cpu", help="device of every run (default cpu)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="run anew the runs under --out that another task (other options, "
+                        "another hot) left there; without it such runs stop the command")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="hot train's task options after --")
     p.set_defaults(func=run)
@@ -91,10 +94,13 @@ def run(args) -> int:
     task = _task(args.rest)
     root = pathlib.Path(args.out)
     cells = [study.Cell(task, s, seed, root, task.epochs) for s in settings for seed in seeds]
-    log = study.run_cells(cells, args.workers, args.device, None,
-                          say=lambda line: print(line, flush=True) if not args.json else None)
+    try:
+        log = study.run_cells(cells, args.workers, args.device, None, overwrite=args.overwrite,
+                              say=lambda line: print(line, flush=True) if not args.json else None)
+    except study.StudyError as e:
+        raise CLIError(str(e))
     failed = [line for line in log if ": failed" in line]
-    rows = [r for r in study.collect(root, [task]) if r["setting"] in {s.name for s in settings}]
+    rows = [r for r in study.collect(root, [task], seeds) if r["setting"] in {s.name for s in settings}]
     names = {s: m for m, s in METHOD_SETTINGS.items()}
     for r in rows:
         r["method"] = names[r["setting"]]

@@ -17,7 +17,8 @@ from ..models import build_model, describe_model_spec
 from . import argtypes as T
 from . import plots
 from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
-                     fmt_bytes, hot_config, render_table)
+                     fmt_bytes, hot_config, log, render_table)
+from .fingerprint import differences, refuse, train_fingerprint
 from .methods import METHODS, rank_record
 from .modelargs import check_fits, check_tiny_vit
 from .outputs import add_overwrite_flag, claim, write_text
@@ -96,7 +97,13 @@ def run(args) -> int:
     device = device_from(args.device)
     check_backend(args, device)
     cfg = hot_config(args)
+    fp = train_fingerprint(args, device.type, cfg.to_dict())
     ck = read_checkpoint(args.resume) if args.resume else None
+    if ck is not None and differences(ck.get("fingerprint"), fp):
+        if not args.overwrite:
+            refuse(f"--resume {args.resume}", ck.get("fingerprint"), fp)
+        log(f"--overwrite: {args.resume} is a run of another task; starting over.")
+        ck, args.resume = None, None
     if ck is not None and checkpoint_complete(ck, args.epochs, args.max_steps):
         return _already_complete(args, ck)
     name = f"{pathlib.Path(args.model).name}-{args.dataset}-{args.method}"
@@ -121,7 +128,7 @@ def run(args) -> int:
                    lora_hot=args.lora_hot, hla_full_rank=args.hla_full_rank,
                    max_len=args.max_len, image_size=args.image_size, max_steps=args.max_steps,
                    checkpoint=str(out / "checkpoint.pt"), resume=args.resume, resume_state=ck,
-                   keep_checkpoints=args.keep_checkpoints)
+                   keep_checkpoints=args.keep_checkpoints, fingerprint=fp)
     t0 = time.perf_counter()
     r = train_run(builder, data, spec, device, label=args.method)
     model = r.pop("model")
@@ -135,6 +142,7 @@ def run(args) -> int:
               "lqs": {n: int(m.hot_lqs) for n, m in layers},
               **rank_record(layers),
               "hot_steps": {n: int(m.hot_step) for n, m in layers}, "out": str(out),
+              "fingerprint": fp,
               "wall_time_s": time.perf_counter() - t0,
               "plot": str(png) if not args.no_plot and plots.available() else None, **r}
     # The metrics first: a figure that fails to draw must not cost the results.

@@ -51,6 +51,7 @@ class RunSpec:
     keep_checkpoints: bool = False  # also keep <checkpoint stem>-epoch<N>.pt for every epoch
     resume: Optional[str] = None
     resume_state: Optional[dict] = None  # the checkpoint at ``resume``, if already read
+    fingerprint: Optional[dict] = None  # what determines the result (hot.cli.fingerprint)
     extra: dict = field(default_factory=dict)
 
 
@@ -292,7 +293,8 @@ def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
                      "scheduler": sched.state_dict(), "epoch": epoch, "step": step,
                      "history": history, "rng": torch.get_rng_state(),
                      "method": spec.method, "epochs": spec.epochs, "max_steps": spec.max_steps,
-                     "hot_config": (spec.hot_config or hot.HOTConfig()).to_dict()}
+                     "hot_config": (spec.hot_config or hot.HOTConfig()).to_dict(),
+                     "fingerprint": spec.fingerprint}
             outputs.save(state, spec.checkpoint)
             if spec.keep_checkpoints:
                 outputs.save(state, epoch_checkpoint(spec.checkpoint, epoch + 1))
