@@ -10,6 +10,7 @@ hot.cli.main relies on that to tell them from argparse's own messages, which get
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from ..common.config import VALID_RANKS
 from .methods import METHODS
@@ -106,14 +107,36 @@ def image_shape(v: str) -> tuple[int, int, int]:
 
 
 def method_list(v: str) -> list[str]:
-    """Comma-separated names of hot.cli.methods.METHODS, at least one, each once."""
+    """Comma-separated names of hot.cli.methods.METHODS, at least one, each once (a name given
+    twice would run twice into one folder: refused)."""
     names = [m.strip() for m in v.split(",") if m.strip()]
     unknown = [m for m in names if m not in METHODS]
     if unknown or not names:
-        what = f"unknown method {unknown[0]!r}" if unknown else f"no method in {v!r}"
+        what = (f"unknown method {unknown[0]!r}{suggestion(unknown[0], METHODS)}" if unknown
+                else f"no method in {v!r}")
         raise argparse.ArgumentTypeError(
             f"{what}; give a comma-separated list of {', '.join(sorted(METHODS))}.")
-    return list(dict.fromkeys(names))
+    twice = [m for m in dict.fromkeys(names) if names.count(m) > 1]
+    if twice:
+        raise argparse.ArgumentTypeError(f"{v!r} lists {twice[0]!r} twice; give each method "
+                                         f"once.")
+    return names
+
+
+def suggestion(name: str, known) -> str:
+    """' (did you mean 'x'?)' for the closest of the ``known`` names (difflib), or ''."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def sequence_length(v: str) -> int:
+    """Tokens per sequence: 2 or more ([CLS] and one token; a causal LM predicts the second
+    from the first)."""
+    n = _int(v)
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"{n} is below 2; a sequence needs at least 2 tokens, "
+                                         f"give 2 or more (e.g. 64).")
+    return n
 
 
 def name_list(v: str) -> tuple[str, ...]:

@@ -56,7 +56,8 @@ def add_parser(sub) -> None:
                    help="stop after N steps (smoke runs)")
     p.add_argument("--image-size", type=T.positive_int, default=None,
                    help="resize images to this square size")
-    p.add_argument("--max-len", type=T.positive_int, default=64, help="tokens per text example")
+    p.add_argument("--max-len", type=T.sequence_length, default=64,
+                   help="tokens per text example (2 or more)")
     p.add_argument("--lora-r", type=T.nonnegative_int, default=0,
                    help="LoRA rank via peft (0 = full training); HOT then applies only to the "
                         "frozen base layers")
