@@ -146,3 +146,12 @@ def name_list(v: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(f"{v!r} names no layer; give parts of layer names, "
                                          f"e.g. attn or qkv,proj.")
     return names
+
+
+def pattern_list(v: str) -> tuple[str, ...]:
+    """Comma-separated non-empty layer-name patterns, each once."""
+    pats = tuple(dict.fromkeys(p.strip() for p in v.split(",") if p.strip()))
+    if not pats:
+        raise argparse.ArgumentTypeError(f"{v!r} holds no pattern; give layer-name patterns, "
+                                         f"e.g. head or blocks.0.*,head.")
+    return pats

