@@ -64,24 +64,6 @@ def _task(rest: list[str]) -> study.Task:
     return study.Task("compare", tuple(rest), "val_ppl" if lm else "test_acc", epochs)
 
 
-def _bars(rows: list[dict], path: pathlib.Path, ylabel: str):
-    plt = plots._plt(path)
-    if plt is None:
-        return None
-    fig, ax = plt.subplots(figsize=(max(4, 1.1 * len(rows) + 1), 4))
-    names = [r["setting"] for r in rows]
-    ax.bar(names, [r["mean"] for r in rows],
-           yerr=[0 if r["sd"] != r["sd"] else r["sd"] for r in rows], capsize=4)
-    lo = min(r["mean"] - (r["sd"] if r["sd"] == r["sd"] else 0) for r in rows)
-    hi = max(r["mean"] + (r["sd"] if r["sd"] == r["sd"] else 0) for r in rows)
-    ax.set_ylim(lo - 0.2 * (hi - lo + 1e-9), hi + 0.2 * (hi - lo + 1e-9))
-    ax.set(ylabel=ylabel, title="mean and sd over seeds")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    plots._save(plt, fig, path)
-    return str(path)
-
-
 def run(args) -> int:
     try:
         settings = study._names("--methods", args.methods,
@@ -111,7 +93,7 @@ def run(args) -> int:
     md = study.markdown(by_method).replace("| setting |", "| method |")
     write_text(root / "compare.json", json.dumps(rows, indent=1))
     write_text(root / "compare.md", md + "\n")
-    png = _bars(by_method, root / "compare.png",
+    png = plots.method_bars(by_method, root / "compare.png",
                 "test accuracy (%)" if task.metric == "test_acc" else "validation perplexity")
     text = md + (f"\n\nfailed runs (their logs are beside their folders):\n" + "\n".join(failed)
                  if failed else "") + f"\n\nresults in {root}/ (compare.json, compare.md" + \
