@@ -118,7 +118,8 @@ def apply_threads(args) -> int:
     return n
 
 
-# HOT's flags: where each lands in HOTConfig (sub-config, or None for a top-level field). The flags default to "not given" (argparse.SUPPRESS), so that
+# HOT's flags: where each lands in HOTConfig (sub-config, or None for a top-level field). The
+# flags default to "not given" (argparse.SUPPRESS), so that
 # --hot-config FILE fills what they leave out and a given flag overrides the file.
 HOT_FLAGS = {"hq_bits": ("hq", "bits"), "gy_scale": ("hq", "gy_scale"),
              "hla_rank": ("hla", "rank"), "hla_selection": ("hla", "selection"),
@@ -149,7 +150,8 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
         help="g_W path operand width (default 8)")
     add("--abc", choices=("save", "recompute", "auto"),
         help="what the forward keeps for g_W: the int8 codes (save, paper) or x, with the codes "
-             "formed in backward (recompute), or recompute where x is kept anyway (default auto)")
+             "formed in backward (recompute), or recompute where x is kept anyway "
+             "(default auto)")
     add("--hla-amax", choices=("current", "delayed"),
         help="g_W path channel scales: this pass's absmax (current, paper) or the previous "
              "pass's, checked against this one's (delayed: one read of g_y and x on the GPU; "

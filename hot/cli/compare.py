@@ -82,7 +82,8 @@ def run(args) -> int:
     except study.StudyError as e:
         raise CLIError(str(e))
     failed = [line for line in log if ": failed" in line]
-    rows = [r for r in study.collect(root, [task], seeds) if r["setting"] in {s.name for s in settings}]
+    wanted = {s.name for s in settings}
+    rows = [r for r in study.collect(root, [task], seeds) if r["setting"] in wanted]
     names = {s: m for m, s in METHOD_SETTINGS.items()}
     for r in rows:
         r["method"] = names[r["setting"]]

@@ -16,10 +16,8 @@ from .common import (CLIError, add_hot_args, add_json_flag, add_threads_flag, ap
 from .outputs import add_overwrite_flag, claim, write_text
 from .trainer import RunSpec, train_run
 
-# Sized so that FP32 + HOT (reference backend) + 6 evaluations + plot finish in under 5 minutes
-# on two CPU cores: 252-278 s end to end on the CI's 2-vCPU VM for seeds 0-4 (FP32 141-183
-# ms/step, HOT 311-376 ms/step, 471 steps each); a fourth epoch would add about 75-95 s.
-# docs/cli.md has the measurements and the accuracy gap they give (mean 0.97 points).
+# Sized so that FP32 + HOT (reference backend) + 6 evaluations + plot take about 4.5 minutes on
+# two CPU cores (the CI's 2-vCPU VM); docs/cli.md has the measurements and the accuracy gap.
 DEFAULTS = dict(train_size=20000, test_size=10000, epochs=3, batch_size=128, dim=64, depth=4,
                 patch=4)
 SMOKE = dict(train_size=512, test_size=256, epochs=1, batch_size=64, dim=32, depth=1, patch=4)
