@@ -79,9 +79,10 @@ def test_hot_config_file_reaches_every_field_and_flags_override_it(tmp_path, run
     f.write_text(json.dumps(cfg.to_dict()))
     args = build_parser().parse_args(["train", "--hot-config", str(f)])
     assert common.hot_config(args) == cfg
-    args = build_parser().parse_args(["train", "--hot-config", str(f), "--hla-rank", "2",
+    # rank 16: neither the file's nor HOTConfig()'s (selection auto takes ranks 4, 8 and 16)
+    args = build_parser().parse_args(["train", "--hot-config", str(f), "--hla-rank", "16",
                                       "--hq-bits", "none"])
-    assert common.hot_config(args) == cfg.replace(hla={"rank": 2}, hq={"bits": None})
+    assert common.hot_config(args) == cfg.replace(hla={"rank": 16}, hq={"bits": None})
     assert common.hot_config(build_parser().parse_args(["train"])) == hot.HOTConfig()
     f.write_text('{"hla": {"rank": 3}}')
     rc, _, err = run_text("train", *TINY, "--hot-config", f, "--out", tmp_path / "o")
