@@ -33,7 +33,7 @@ def test_demo_reruns_into_its_own_folder_only(run_text, tmp_path, monkeypatch):
 def figures(monkeypatch):
     """The figures drawn, instead of saved."""
     drawn = []
-    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: drawn.append(fig))
+    monkeypatch.setattr(plots, "save", lambda plt, fig, path: drawn.append(fig))
     return drawn
 
 
