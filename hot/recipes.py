@@ -35,11 +35,12 @@ class RecipeError(ValueError):
 class Operands:
     """How one GEMM's operands are formed (read from a HOTConfig by :func:`gemms`).
 
-    bits: integer width of both operands; None = not quantized (the GEMM runs in ``dtype``).
+    bits: integer width of both operands, or "auto" (HQConfig.bits "auto": 4 or 8, by the
+        GPU); None = not quantized (the GEMM runs in ``dtype``).
     transform: None, "hadamard16" (16-point block Walsh-Hadamard along the contracted dimension,
         HQ) or "walsh16" (16-point Walsh blocks along the tokens, HLA and LBP-WHT).
     rank: Walsh rows kept of every 16 along the tokens (None = all: no low rank).
-    selection: which rows ``rank`` keeps ("lowpass" or "lp_l1"); None without low rank.
+    selection: which rows ``rank`` keeps (an HLAConfig.selection); None without low rank.
     rounding, scaling: per operand, e.g. "g_y stochastic, W stochastic", "g_y auto (LQS), W
         channel"; None where nothing is quantized.
     levels: "uniform", or "log2" (LUQ's logarithmic g_y levels).
@@ -59,7 +60,8 @@ class Operands:
         """One phrase, e.g. 'int4, hadamard16, g_y auto (LQS), W channel'."""
         if self.bits is None and self.transform is None:
             return f"exact ({self.dtype})"
-        parts = [f"int{self.bits}" if self.bits else f"unquantized ({self.dtype})"]
+        width = "int4/8 (auto: by GPU)" if self.bits == "auto" else f"int{self.bits}"
+        parts = [width if self.bits else f"unquantized ({self.dtype})"]
         if self.transform:
             parts.append(self.transform if self.rank is None
                          else f"{self.transform} rank {self.rank}/16 {self.selection}")

@@ -194,16 +194,29 @@ class StudyError(ValueError):
 
 
 def parse_names(flag: str, text: str, known: dict) -> list:
-    """The values of ``known`` that the comma-separated ``text`` names, in its order;
-    StudyError naming ``flag``, the unknown name and the choices."""
-    out = []
+    """The values of ``known`` that the comma-separated ``text`` names, in its order, each once
+    (a name given twice would run twice into one folder); StudyError naming ``flag``, the
+    unknown or repeated name and the choices."""
+    out, seen = [], set()
     for n in (v.strip() for v in text.split(",") if v.strip()):
         if n not in known:
-            raise StudyError(f"{flag}: unknown {n!r}; choose from {', '.join(known)}.")
+            raise StudyError(f"{flag}: unknown {n!r}{suggest(n, known)}; choose from "
+                             f"{', '.join(known)}.")
+        if n in seen:  # it would run twice into one folder
+            raise StudyError(f"{flag} {text}: {n!r} is listed twice; give each once.")
+        seen.add(n)
         out.append(known[n])
     if not out:
         raise StudyError(f"{flag} is empty; give a comma-separated list from {', '.join(known)}.")
     return out
+
+
+def suggest(name: str, known) -> str:
+    """' (did you mean 'x'?)' for the closest of ``known`` names, or ''."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -233,13 +246,35 @@ class Cell:
     def done(self) -> bool:
         return (self.out / "metrics.json").is_file()
 
+    def recorded(self) -> Optional[tuple[str, Optional[dict]]]:
+        """(what, fingerprint) of the run the cell's folder holds: its metrics.json where it
+        finished, else its checkpoint.pt; None where it holds neither (a new cell)."""
+        metrics, ck = self.out / "metrics.json", self.out / "checkpoint.pt"
+        if metrics.is_file():
+            try:
+                fp = json.loads(metrics.read_text()).get("fingerprint")
+            except (ValueError, AttributeError, OSError):
+                fp = None  # unreadable: no fingerprint to match
+            return str(metrics), fp
+        if ck.is_file():
+            import torch
+
+            try:
+                fp = torch.load(ck, map_location="cpu", weights_only=True).get("fingerprint")
+            except Exception:  # noqa: BLE001 - any unreadable checkpoint has no fingerprint
+                fp = None
+            return str(ck), fp
+        return None
+
     def exact_first(self) -> int:
         """Exact warm-up steps: whole epochs, or a share of the run (rounded)."""
         if self.setting.warmup_share:
             return round(self.setting.warmup_share * self.epochs * self.task.steps_per_epoch)
         return self.setting.warmup_epochs * (self.task.steps_per_epoch or 0)
 
-    def command(self, device: str, data_root: Optional[str]) -> list[str]:
+    def command(self, device: str, data_root: Optional[str], fresh: bool = False) -> list[str]:
+        """The `hot train` command of the cell; ``fresh``: replace what its folder holds (a run
+        of another task) instead of resuming or keeping it."""
         cmd = [sys.executable, "-m", "hot.cli.main", "train", *self.task.flags,
                *self.setting.flags, "--epochs", str(self.epochs), "--seed", str(self.seed),
                "--device", device, "--out", str(self.out), "--no-plot", *self.extra]
@@ -253,7 +288,9 @@ class Cell:
         if data_root and ("fashion-mnist" in self.task.flags
                           or "rotten-tomatoes-lm" in self.task.flags):
             cmd += ["--data-root", data_root]
-        if (self.out / "checkpoint.pt").is_file():  # an interrupted cell goes on where it was
+        if fresh:
+            cmd += ["--overwrite"]
+        elif (self.out / "checkpoint.pt").is_file():  # an interrupted cell goes on where it was
             cmd += ["--resume", str(self.out / "checkpoint.pt")]
         return cmd
 
@@ -263,13 +300,13 @@ def _counts_epochs(s: Setting) -> bool:
 
 
 def _run_cell(cell: Cell, device: str, data_root: Optional[str], threads: int,
-              deadline: Optional[float]) -> tuple[Cell, str]:
+              deadline: Optional[float], fresh: bool = False) -> tuple[Cell, str]:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), HOT_NO_PROGRESS="1")
     cell.out.parent.mkdir(parents=True, exist_ok=True)
     timeout = None if deadline is None else max(1.0, deadline - time.monotonic())
     t0 = time.monotonic()
     try:
-        p = subprocess.run(cell.command(device, data_root), env=env, capture_output=True,
+        p = subprocess.run(cell.command(device, data_root, fresh), env=env, capture_output=True,
                            text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return cell, "stopped at the time limit (resumes from its checkpoint next time)"
@@ -287,7 +324,7 @@ def run(args) -> int:
     seed_list = parse_seeds(args.seeds)
     if args.workers < 1:
         raise StudyError(f"--workers {args.workers}: give 1 or more.")
-    if args.train_size:
+    if args.train_size is not None:
         # the warm-ups' lengths are whole epochs of the tasks' full training sets
         settings_ok = [s for s in settings if not _counts_epochs(s)]
         if len(settings_ok) != len(settings):
@@ -299,25 +336,55 @@ def run(args) -> int:
                 raise StudyError(f"setting {s.name} needs the steps per epoch of task {t.name}, "
                                  f"which it does not state; drop one of them.")
     root = pathlib.Path(args.out)
-    extra = tuple(["--train-size", str(args.train_size)] if args.train_size else [])
-    cells = [Cell(t, s, seed, root, args.epochs or t.epochs, extra)
+    extra = tuple(["--train-size", str(args.train_size)] if args.train_size is not None else [])
+    cells = [Cell(t, s, seed, root, args.epochs if args.epochs is not None else t.epochs, extra)
              for t in tasks for s in settings for seed in seed_list]
-    run_cells(cells, args.workers, args.device, args.data_root, args.time_limit)
+    run_cells(cells, args.workers, args.device, args.data_root, args.time_limit,
+              overwrite=args.overwrite)
     return table(argparse.Namespace(out=args.out))
 
 
+def stale_cells(cells: list[Cell], device: str, data_root: Optional[str]) -> dict:
+    """{cell: message} for the cells whose folder holds a run (finished or interrupted) of
+    another task: its recorded fingerprint differs from the one its command would record.
+    `python -m hot.cli.fingerprint` compares them from the command's own parse (hot.bench
+    reaches hot.cli only through such processes, as it runs the cells)."""
+    recorded = {c: c.recorded() for c in cells}
+    held = [c for c in cells if recorded[c]]
+    if not held:
+        return {}
+    asks = [[c.command(device, data_root)[3:], recorded[c][1]] for c in held]  # after `-m X`
+    p = subprocess.run([sys.executable, "-m", "hot.cli.fingerprint"], input=json.dumps(asks),
+                       capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", HOT_NO_PROGRESS="1"))
+    if p.returncode != 0:
+        lines = p.stderr.strip().splitlines() or [f"exit status {p.returncode}"]
+        raise StudyError(f"checking the cells' earlier runs failed: {lines[-1]}")
+    return {c: f"{recorded[c][0]}: {what}" for c, what in zip(held, json.loads(p.stdout))
+            if what is not None}
+
+
 def run_cells(cells: list[Cell], workers: int, device: str, data_root: Optional[str],
-              time_limit: Optional[float] = None, say=print) -> list[str]:
+              time_limit: Optional[float] = None, say=print, overwrite: bool = False) -> list[str]:
     """Run the cells that have not finished, ``workers`` at a time; returns one line per cell
-    run (also passed to ``say``)."""
-    todo = [c for c in cells if not c.done()]
+    run (also passed to ``say``). A cell whose folder holds a run of another task (stale_cells)
+    stops everything before any work with StudyError, unless ``overwrite``: then it runs anew."""
+    stale = stale_cells(cells, device, data_root)
+    if stale and not overwrite:
+        first = next(iter(stale.values()))
+        raise StudyError(f"{len(stale)} cell(s) hold runs of another task, e.g. {first}; give "
+                         f"the options they were run with, another --out, or --overwrite to "
+                         f"run them anew.")
+    todo = [c for c in cells if c in stale or not c.done()]
     say(f"{len(cells)} cells, {len(cells) - len(todo)} finished earlier, {len(todo)} to run "
-        f"on {workers} workers")
+        f"on {workers} workers" + (f" ({len(stale)} replacing runs of another task)"
+                                   if stale else ""))
     threads = max(1, (os.cpu_count() or 1) // workers)
     deadline = time.monotonic() + time_limit if time_limit else None
     lines = []
     with cf.ThreadPoolExecutor(workers) as ex:
-        futs = [ex.submit(_run_cell, c, device, data_root, threads, deadline) for c in todo]
+        futs = [ex.submit(_run_cell, c, device, data_root, threads, deadline, c in stale)
+                for c in todo]
         for f in cf.as_completed(futs):
             c, what = f.result()
             lines.append(f"{c.task.name} {c.setting.name} seed {c.seed}: {what}")
@@ -362,9 +429,11 @@ def hla_kept(setting: Setting, steps: int, exact_steps: int,
 
 
 def collect(root: pathlib.Path, tasks: Optional[list[Task]] = None,
-            settings: Optional[list[Setting]] = None) -> list[dict]:
+            settings: Optional[list[Setting]] = None,
+            seeds: Optional[list[int]] = None) -> list[dict]:
     """One row per (task, setting) with finished cells, FP32's row first within a task;
-    ``settings`` (default: SETTINGS) are the ones looked for."""
+    ``settings`` (default: SETTINGS) are the ones looked for; with ``seeds``, of those seeds'
+    cells only."""
     rows = []
     settings = list(settings or SETTINGS.values())
     for task in tasks or TASKS.values():
@@ -373,7 +442,9 @@ def collect(root: pathlib.Path, tasks: Optional[list[Task]] = None,
             d = root / task.name / s.name
             for f in sorted(d.glob("seed*/metrics.json")) if d.is_dir() else []:
                 m = json.loads(f.read_text())
-                runs.setdefault(s.name, {})[int(f.parent.name[4:])] = m
+                seed = int(f.parent.name[4:])
+                if seeds is None or seed in seeds:
+                    runs.setdefault(s.name, {})[seed] = m
         if not runs:
             continue
         scale = 100.0 if task.metric == "test_acc" else 1.0
@@ -485,10 +556,31 @@ def plot(rows: list[dict], path: pathlib.Path) -> bool:
     return True
 
 
+ROW_KEYS = ("task", "setting", "metric", "seeds", "values")
+
+
+def read_rows(path: str) -> list[dict]:
+    """The rows of a study.json (or compare.json); StudyError, in one line, where the file is
+    missing, is not JSON, or does not hold a list of rows."""
+    fix = "give a study.json that `python -m hot.bench.study table` wrote."
+    try:
+        rows = json.loads(pathlib.Path(path).read_text())
+    except OSError as e:
+        raise StudyError(f"{path}: cannot read it ({e.strerror}); {fix}") from e
+    except ValueError as e:
+        raise StudyError(f"{path}: not JSON ({e}); {fix}") from e
+    bad = not isinstance(rows, list) or any(
+        not isinstance(r, dict) or any(k not in r for k in ROW_KEYS) for r in rows)
+    if bad:
+        raise StudyError(f"{path}: not a list of study rows (each with "
+                         f"{', '.join(ROW_KEYS)}); {fix}")
+    return rows
+
+
 def merge(args) -> int:
     rows = []
     for f in args.json:
-        rows += json.loads(pathlib.Path(f).read_text())
+        rows += read_rows(f)
     rows = pair(rows)
     if args.tasks:
         keep = {t.strip() for t in args.tasks.split(",")}
@@ -515,37 +607,73 @@ def table(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Command-line mistakes as StudyError: one line, exit status 2, no usage block; no
+    abbreviated options (--epoch is not --epochs), in the subcommands too."""
+
+    def __init__(self, *a, **kw):
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*a, **kw)
+
+    def error(self, message: str):
+        # hot.cli.argtypes' messages are sentences that say what to give; argparse's are not
+        raise StudyError(message if message.endswith(".") else
+                         f"{message}; see `{self.prog} --help`.")
+
+
+def _positive(kind):
+    """argparse type: a finite ``kind`` (int or float) above 0; the message says what to give
+    (the study has its own: hot.bench does not import hot.cli's argtypes)."""
+    what = "a whole number" if kind is int else "a number"
+
+    def parse(v: str):
+        try:
+            x = kind(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{v!r} is not {what}; give one above 0.") from None
+        if not (x > 0 and math.isfinite(x)):
+            raise argparse.ArgumentTypeError(f"{v} is not above 0; give {what} above 0.")
+        return x
+
+    return parse
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hot.bench.study", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="python -m hot.bench.study", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the cells that have not finished, then the table")
     r.add_argument("--out", required=True, help="study folder (one sub-folder per cell)")
     r.add_argument("--tasks", default="tinyvit-fmnist", help=f"from {', '.join(TASKS)}")
     r.add_argument("--settings", default=DEFAULT_SETTINGS, help=f"from {', '.join(SETTINGS)}")
-    r.add_argument("--seeds", default="0,1,2")
-    r.add_argument("--workers", type=int, default=4, help="cells run at once")
-    r.add_argument("--device", default="cuda")
+    r.add_argument("--seeds", default="0,1,2", help="comma-separated, distinct")
+    r.add_argument("--workers", type=_positive(int), default=4, help="cells run at once")
+    r.add_argument("--device", default="cuda", help="device of every cell (cpu, cuda[:N])")
     r.add_argument("--data-root", default=None,
                    help="hot train's --data-root for the Fashion-MNIST tasks (the IDX files) and "
                         "the LM task (hot.data.lm.export_lm_files); one folder may hold both")
-    r.add_argument("--epochs", type=int, default=None, help="override the task's epochs")
-    r.add_argument("--train-size", type=int, default=None, help="fewer training examples")
-    r.add_argument("--time-limit", type=float, default=None,
+    r.add_argument("--epochs", type=_positive(int), default=None,
+                   help="override the task's epochs (1 or more)")
+    r.add_argument("--train-size", type=_positive(int), default=None,
+                   help="fewer training examples (1 or more)")
+    r.add_argument("--time-limit", type=_positive(float), default=None,
                    help="seconds; cells still running then stop and resume on the next run")
+    r.add_argument("--overwrite", action="store_true",
+                   help="run anew the cells whose folder holds a run of another task (other "
+                        "options or another hot); without it they stop the study")
     t = sub.add_parser("table", help="the table of the finished cells (study.json, study.md)")
-    t.add_argument("--out", required=True)
+    t.add_argument("--out", required=True, help="study folder")
     m = sub.add_parser("merge", help="study.json files of several runs as one table (gaps "
                        "paired with the FP32 rows), and the accuracy-versus-savings plot")
-    m.add_argument("json", nargs="+")
+    m.add_argument("json", nargs="+", help="study.json files")
     m.add_argument("--tasks", default=None, help="only these tasks (comma-separated)")
     m.add_argument("--md", default=None, help="write the markdown table here")
     m.add_argument("--png", default=None, help="write the plot here")
-    a = p.parse_args(argv)
     try:
+        a = p.parse_args(argv)
         return run(a) if a.cmd == "run" else table(a) if a.cmd == "table" else merge(a)
     except StudyError as e:
-        print(f"hot.bench.study: {e}", file=sys.stderr)
+        print(f"hot.bench.study: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
 

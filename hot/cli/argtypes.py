@@ -10,6 +10,7 @@ hot.cli.main relies on that to tell them from argparse's own messages, which get
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from ..common.config import VALID_RANKS
 from .. import recipes
@@ -117,17 +118,38 @@ def image_shape(v: str) -> tuple[int, int, int]:
 
 
 def method_list(v: str) -> list[str]:
-    """Comma-separated names of registered recipes (hot.recipes), at least one, each once."""
+    """Comma-separated names of registered recipes (hot.recipes), at least one, each once (a
+    name given twice would run twice into one folder: refused)."""
     names = [m.strip() for m in v.split(",") if m.strip()]
     if not names:
         raise argparse.ArgumentTypeError(
             f"no method in {v!r}; give a comma-separated list of {', '.join(recipes.names())}.")
     for m in names:
         try:
-            recipes.get(m)
+            recipes.get(m)  # its error names the value, the choices and the closest name
         except recipes.RecipeError as e:
             raise argparse.ArgumentTypeError(str(e))
-    return list(dict.fromkeys(names))
+    twice = [m for m in dict.fromkeys(names) if names.count(m) > 1]
+    if twice:
+        raise argparse.ArgumentTypeError(f"{v!r} lists {twice[0]!r} twice; give each method "
+                                         f"once.")
+    return names
+
+
+def suggestion(name: str, known) -> str:
+    """' (did you mean 'x'?)' for the closest of the ``known`` names (difflib), or ''."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def sequence_length(v: str) -> int:
+    """Tokens per sequence: 2 or more ([CLS] and one token; a causal LM predicts the second
+    from the first)."""
+    n = _int(v)
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"{n} is below 2; a sequence needs at least 2 tokens, "
+                                         f"give 2 or more (e.g. 64).")
+    return n
 
 
 def name_list(v: str) -> tuple[str, ...]:
@@ -137,3 +159,12 @@ def name_list(v: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(f"{v!r} names no layer; give parts of layer names, "
                                          f"e.g. attn or qkv,proj.")
     return names
+
+
+def pattern_list(v: str) -> tuple[str, ...]:
+    """Comma-separated non-empty layer-name patterns, each once."""
+    pats = tuple(dict.fromkeys(p.strip() for p in v.split(",") if p.strip()))
+    if not pats:
+        raise argparse.ArgumentTypeError(f"{v!r} holds no pattern; give layer-name patterns, "
+                                         f"e.g. head or blocks.0.*,head.")
+    return pats

@@ -32,10 +32,10 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     rest = [a for a in args.rest if a != "--"]
     if not torch.cuda.is_available():
-        msg = ("hot bench measures the fast (GPU) backend and needs a CUDA GPU; none is visible "
-               "here. On CPU, use `hot gbops` for operation counts and `hot memory` for memory.")
-        emit(args, {"error": msg, "gpu": False}, msg)
-        return NO_GPU_EXIT
+        # Like every other error: one line on stderr, the documented JSON keys, status 2.
+        raise CLIError("hot bench measures the fast (GPU) backend and needs a CUDA GPU; none is "
+                       "visible here. On CPU, use `hot gbops` for operation counts and `hot "
+                       "memory` for memory.")
     try:
         mod = importlib.import_module("hot.bench.backward")
     except ImportError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from typing import Iterable, Optional
@@ -40,11 +41,20 @@ def progress(it: Iterable, desc: str, total: Optional[int] = None, leave: bool =
     stderr (PlainProgress); with progress turned off (progress_enabled), the iterable itself."""
     if not progress_enabled():
         return it
+    if not _isatty(sys.stderr):  # a log file: a bar's redraws would flood it
+        return PlainProgress(it, desc, total)
     try:
         from tqdm.auto import tqdm
     except ImportError:
         return PlainProgress(it, desc, total)
     return tqdm(it, desc=desc, total=total, leave=leave, file=sys.stderr, dynamic_ncols=True)
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or file-like stream
+        return False
 
 
 class PlainProgress:
@@ -88,54 +98,91 @@ def add_json_flag(p: argparse.ArgumentParser) -> None:
                    help="print one JSON object on stdout (progress and notes go to stderr)")
 
 
+def default_threads() -> int:
+    """torch's intra-op threads unless --threads says: $OMP_NUM_THREADS where set (hot compare
+    and the study set it per run), else 1 on a machine of 2 cores or fewer (two threads thrash
+    there when anything else runs: steps 10-40x slower), else min(4, cores)."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return 1 if (cores or 1) <= 2 else min(4, cores)
+
+
+def add_threads_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=T.positive_int, default=None,
+                   help="torch's CPU threads (default: $OMP_NUM_THREADS, else 1 on 2 cores or "
+                        "fewer, else min(4, cores); docs/cli.md says why)")
+
+
+def apply_threads(args) -> int:
+    """Set torch's intra-op threads from --threads (or default_threads); returns the count."""
+    n = args.threads or default_threads()
+    torch.set_num_threads(n)
+    return n
+
+
 _DEFAULT = HOTConfig()  # the flags' defaults are HOTConfig()'s, never restated
+
+# HOT's flags: where each lands in HOTConfig (sub-config, or None for a top-level field). The
+# flags default to "not given" (argparse.SUPPRESS), so that --hot-config FILE fills what they
+# leave out and a given flag overrides the file; without the file, HOTConfig()'s defaults (or a
+# recipe's own config) fill them.
+HOT_FLAGS = {"hq_bits": ("hq", "bits"), "gy_scale": ("hq", "gy_scale"),
+             "hla_rank": ("hla", "rank"), "hla_selection": ("hla", "selection"),
+             "hla_blocking": ("hla", "blocking"), "hla_bits": ("hla", "bits"),
+             "abc": ("hla", "abc"), "hla_amax": ("hla", "amax"),
+             "lqs_ratio": ("lqs", "ratio"), "exact_steps": (None, "exact_steps"),
+             "int8_steps": (None, "int8_steps"), "exact_from": (None, "exact_from")}
+_SCHEDULE_FLAGS = ("exact_steps", "int8_steps", "exact_from")
+
+
+def _default_of(flag: str):
+    """HOTConfig()'s value of a HOT flag's field (what the flag's help states as its default)."""
+    sub, name = HOT_FLAGS[flag]
+    return getattr(_DEFAULT if sub is None else getattr(_DEFAULT, sub), name)
 
 
 def add_hot_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("HOT configuration (defaults: HOTConfig()'s)")
-    g.add_argument("--hq-bits", type=T.hq_bits, default=_DEFAULT.hq.bits,
-                   metavar="{auto,4,8,none}",
-                   help="g_x path operand width (auto: 4 where the GPU has INT4 tensor cores, "
-                        "else 8)")
-    g.add_argument("--gy-scale", choices=("auto", "token", "tensor"), default="auto",
-                   help="g_y scaling on the g_x path; auto = LQS picks per layer")
-    g.add_argument("--hla-rank", type=T.hla_rank, default=8, metavar="{1,2,4,8,16}",
-                   help="Walsh coefficients kept per block of 16 token rows (default 8)")
-    g.add_argument("--hla-selection", choices=SELECTIONS, default=_DEFAULT.hla.selection,
-                   help="which coefficients HLA keeps: lowpass and lp_l1 are the paper's fixed "
-                        "(biased) rows, stratified draws them per block (unbiased), auto: "
-                        "stratified on Linear layers, lowpass on Conv2d")
-    g.add_argument("--hla-blocking", choices=("flat", "sequence"), default="flat",
-                   help="token blocks over the flattened axis or inside each sequence")
-    g.add_argument("--hla-bits", type=T.bits, default=8, metavar="{4,8,none}",
-                   help="g_W path operand width (default 8)")
-    g.add_argument("--abc", choices=("save", "recompute", "auto"), default="auto",
-                   help="what the forward keeps for g_W: the int8 codes (save, paper) or x, "
-                        "with the codes formed in backward (recompute), or recompute where x is "
-                        "kept anyway (auto)")
-    g.add_argument("--hla-amax", choices=("current", "delayed"), default="current",
-                   help="g_W path channel scales: this pass's absmax (current, paper) or the "
-                        "previous pass's, checked against this one's (delayed: one read of "
-                        "g_y and x on the GPU)")
-    g.add_argument("--lqs-ratio", type=T.unit_fraction, default=0.5,
-                   help="LQS threshold, in (0, 1] (default 0.5)")
-    g.add_argument("--exact-steps", type=T.nonnegative_int, default=0,
-                   help="exact warm-up backward steps")
-    g.add_argument("--int8-steps", type=T.nonnegative_int, default=0,
-                   help="steps with the g_x path at 8 bits after the warm-up")
-    g.add_argument("--exact-from", type=T.nonnegative_int, default=None,
-                   help="exact backward from this step on (a cool-down; default: never)")
+
+    def add(*a, help: str, **kw):
+        # help states HOTConfig()'s default itself: the option's own default is SUPPRESS
+        key = a[0][2:].replace("-", "_")
+        d = _default_of(key)
+        g.add_argument(*a, default=argparse.SUPPRESS,
+                       help=f"{help} (default {'never' if d is None else d})", **kw)
+
+    g.add_argument("--hot-config", default=None, metavar="FILE",
+                   help="a JSON file of HOTConfig.to_dict() (every field; missing ones take "
+                        "their defaults); the flags below override it")
+    add("--hq-bits", type=T.hq_bits, metavar="{auto,4,8,none}",
+        help="g_x path operand width (auto: 4 where the GPU has INT4 tensor cores, else 8)")
+    add("--gy-scale", choices=("auto", "token", "tensor"),
+        help="g_y scaling on the g_x path; auto = LQS picks per layer")
+    add("--hla-rank", type=T.hla_rank, metavar="{1,2,4,8,16}",
+        help="Walsh coefficients kept per block of 16 token rows")
+    add("--hla-selection", choices=SELECTIONS,
+        help="which coefficients HLA keeps: lowpass and lp_l1 are the paper's fixed (biased) "
+             "rows, stratified draws them per block (unbiased), auto: stratified on Linear "
+             "layers, lowpass on Conv2d")
+    add("--hla-blocking", choices=("flat", "sequence"),
+        help="token blocks over the flattened axis or inside each sequence")
+    add("--hla-bits", type=T.bits, metavar="{4,8,none}", help="g_W path operand width")
+    add("--abc", choices=("save", "recompute", "auto"),
+        help="what the forward keeps for g_W: the int8 codes (save, paper) or x, with the codes "
+             "formed in backward (recompute), or recompute where x is kept anyway")
+    add("--hla-amax", choices=("current", "delayed"),
+        help="g_W path channel scales: this pass's absmax (current, paper) or the previous "
+             "pass's, checked against this one's (delayed: one read of g_y and x on the GPU)")
+    add("--lqs-ratio", type=T.unit_fraction, help="LQS threshold, in (0, 1]")
+    add("--exact-steps", type=T.nonnegative_int, help="exact warm-up backward steps")
+    add("--int8-steps", type=T.nonnegative_int,
+        help="steps with the g_x path at 8 bits after the warm-up")
+    add("--exact-from", type=T.nonnegative_int,
+        help="exact backward from this step on (a cool-down)")
     g.add_argument("--backend", choices=("auto", "reference", "fast"), default=None,
                    help="HOT backend (default: $HOT_BACKEND, else auto)")
-
-
-# The flags that shape HOT's quantizers, with their defaults: a recipe that is not tunable
-# (hot.recipes.Recipe.tunable) has its own quantizers and takes none of them.
-_QUANTIZER_FLAGS = {"hq_bits": _DEFAULT.hq.bits, "gy_scale": _DEFAULT.hq.gy_scale,
-                    "hla_rank": _DEFAULT.hla.rank, "hla_selection": _DEFAULT.hla.selection,
-                    "hla_blocking": _DEFAULT.hla.blocking, "hla_bits": _DEFAULT.hla.bits,
-                    "abc": _DEFAULT.hla.abc, "hla_amax": _DEFAULT.hla.amax,
-                    "lqs_ratio": _DEFAULT.lqs.ratio, "hla_full_rank": ()}
 
 
 def method_recipe(name: str) -> Recipe:
@@ -146,30 +193,64 @@ def method_recipe(name: str) -> Recipe:
         raise CLIError(str(e)) from e
 
 
+def _config_file(path: str) -> hot.HOTConfig:
+    """The HOTConfig in the JSON file ``path`` (HOTConfig.to_dict()); CLIError naming
+    --hot-config where it cannot be read or is not a HOTConfig."""
+    fix = "give a JSON file of HOTConfig.to_dict() (e.g. json.dump(HOTConfig().to_dict(), f))."
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except OSError as e:
+        raise CLIError(f"--hot-config {path}: cannot read it ({e.strerror}); {fix}") from e
+    except ValueError as e:
+        raise CLIError(f"--hot-config {path}: not JSON ({one_line_of(e)}); {fix}") from e
+    if not isinstance(d, dict):
+        raise CLIError(f"--hot-config {path}: holds a {type(d).__name__}, not an object; {fix}")
+    try:
+        cfg = hot.HOTConfig.from_dict(d)
+    except (ValueError, TypeError) as e:
+        raise CLIError(f"--hot-config {path}: {one_line_of(e)}") from e
+    if cfg.method != "hot":
+        raise CLIError(f"--hot-config {path} sets method {cfg.method!r}; use --method "
+                       f"{cfg.method.replace('_', '-')} for that baseline (without "
+                       f"--hot-config), or set \"method\": \"hot\".")
+    return cfg
+
+
+def one_line_of(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
 def hot_config(args, recipe: Optional[Recipe] = None) -> hot.HOTConfig:
     """The HOTConfig that ``recipe`` (default: the one --method names, else hot) trains with
-    under the command line's flags. A tunable recipe's config, and an exact recipe's (recorded,
-    not used), comes from the quantizer flags; any other recipe keeps its own quantizers and
-    takes only the schedule flags (CLIError where a quantizer flag is given)."""
+    under the command line's HOT flags. A tunable recipe's config, and an exact recipe's
+    (recorded, not used), is --hot-config FILE (else the recipe's own config, else HOTConfig())
+    with every flag given on the command line overriding it; any other recipe keeps its own
+    quantizers and takes only the schedule flags (CLIError where a quantizer flag or
+    --hot-config is given)."""
     recipe = recipe or method_recipe(getattr(args, "method", None) or "hot")
-    schedule = dict(exact_steps=args.exact_steps, int8_steps=args.int8_steps,
-                    exact_from=args.exact_from)
+    given = {k: getattr(args, k) for k in HOT_FLAGS if hasattr(args, k)}
+    file = getattr(args, "hot_config", None)
     if not (recipe.tunable or recipe.exact):
-        given = [k for k, v in _QUANTIZER_FLAGS.items() if getattr(args, k, v) != v]
-        if given:
-            flag = "--" + given[0].replace("_", "-")
+        shaping = [k for k in given if k not in _SCHEDULE_FLAGS]
+        shaping += ["hla_full_rank"] if getattr(args, "hla_full_rank", ()) else []
+        shaping += ["hot_config"] if file else []
+        if shaping:
+            flag = "--" + shaping[0].replace("_", "-")
             tunable = ", ".join(r.name for r in recipes.RECIPES.values() if r.tunable)
             raise CLIError(f"{flag} shapes HOT's quantizers; method {recipe.name} has its own "
                            f"({recipe.summary}) and takes only the schedule flags: drop {flag}, "
                            f"or use a method the flags shape ({tunable}).")
-        return recipe.config.replace(**schedule)
-    base = recipe.config or hot.HOTConfig()
-    return base.replace(
-        hq={"bits": args.hq_bits, "gy_scale": args.gy_scale},
-        hla={"rank": args.hla_rank, "selection": args.hla_selection,
-             "blocking": args.hla_blocking, "bits": args.hla_bits, "abc": args.abc,
-             "amax": args.hla_amax},
-        lqs={"ratio": args.lqs_ratio}, **schedule)
+        return recipe.config.replace(**given)
+    cfg = _config_file(file) if file else (recipe.config or hot.HOTConfig())
+    changes: dict = {}
+    for k, v in given.items():
+        sub, name = HOT_FLAGS[k]
+        if sub is None:
+            changes[name] = v
+        else:
+            changes.setdefault(sub, {})[name] = v
+    return cfg.replace(**changes) if changes else cfg
 
 
 def device_from(name: Optional[str]) -> torch.device:

@@ -10,7 +10,6 @@ import json
 import pathlib
 
 from .. import recipes
-from ..analysis.records import pyplot
 from ..bench import study
 from . import argtypes as T
 from . import plots
@@ -36,6 +35,9 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True, help="folder of the runs and the results")
     p.add_argument("--workers", type=int, default=1, help="runs at once (default 1)")
     p.add_argument("--device", default="cpu", help="device of every run (default cpu)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="run anew the runs under --out that another task (other options, "
+                        "another hot) left there; without it such runs stop the command")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="hot train's task options after --")
     p.set_defaults(func=run)
@@ -61,24 +63,6 @@ def _task(rest: list[str]) -> study.Task:
     return study.Task("compare", tuple(rest), "val_ppl" if lm else "test_acc", epochs)
 
 
-def _bars(rows: list[dict], path: pathlib.Path, ylabel: str):
-    plt = pyplot(path)
-    if plt is None:
-        return None
-    fig, ax = plt.subplots(figsize=(max(4, 1.1 * len(rows) + 1), 4))
-    names = [r["setting"] for r in rows]
-    ax.bar(names, [r["mean"] for r in rows],
-           yerr=[0 if r["sd"] != r["sd"] else r["sd"] for r in rows], capsize=4)
-    lo = min(r["mean"] - (r["sd"] if r["sd"] == r["sd"] else 0) for r in rows)
-    hi = max(r["mean"] + (r["sd"] if r["sd"] == r["sd"] else 0) for r in rows)
-    ax.set_ylim(lo - 0.2 * (hi - lo + 1e-9), hi + 0.2 * (hi - lo + 1e-9))
-    ax.set(ylabel=ylabel, title="mean and sd over seeds")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    plots.save(plt, fig, path)
-    return str(path)
-
-
 def run(args) -> int:
     # one cell folder per method, named as the method: <out>/compare/<method>/seed<N>
     settings = [study.recipe_setting(m) for m in args.methods]
@@ -91,13 +75,17 @@ def run(args) -> int:
     task = _task(args.rest)
     root = pathlib.Path(args.out)
     cells = [study.Cell(task, s, seed, root, task.epochs) for s in settings for seed in seeds]
-    log = study.run_cells(cells, args.workers, args.device, None,
-                          say=lambda line: print(line, flush=True) if not args.json else None)
+    try:
+        log = study.run_cells(cells, args.workers, args.device, None, overwrite=args.overwrite,
+                              say=lambda line: print(line, flush=True) if not args.json else None)
+    except study.StudyError as e:
+        raise CLIError(str(e))
     failed = [line for line in log if ": failed" in line]
     # FP32's cells are looked for even when not asked for: a gap pairs with them by seed
     looked = {s.name: s for s in [study.recipe_setting("fp32"), *settings]}
-    rows = [r for r in study.collect(root, [task], list(looked.values()))
-            if r["setting"] in {s.name for s in settings}]
+    wanted = {s.name for s in settings}
+    rows = [r for r in study.collect(root, [task], list(looked.values()), seeds)
+            if r["setting"] in wanted]
     for r in rows:
         r["method"] = r["setting"]
     if not rows:
@@ -107,7 +95,7 @@ def run(args) -> int:
     md = study.markdown(by_method).replace("| setting |", "| method |")
     write_text(root / "compare.json", json.dumps(rows, indent=1))
     write_text(root / "compare.md", md + "\n")
-    png = _bars(by_method, root / "compare.png",
+    png = plots.method_bars(by_method, root / "compare.png",
                 "test accuracy (%)" if task.metric == "test_acc" else "validation perplexity")
     text = md + (f"\n\nfailed runs (their logs are beside their folders):\n" + "\n".join(failed)
                  if failed else "") + f"\n\nresults in {root}/ (compare.json, compare.md" + \

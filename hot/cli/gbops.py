@@ -49,7 +49,9 @@ def add_parser(sub) -> None:
                    help=f"comma-separated methods with a counting model: {', '.join(counted)}")
     p.add_argument("--rank", type=T.hla_rank, default=None, metavar="{1,2,4,8,16}",
                    help="HLA rank r (n = 16) of every method (default: each method's own)")
-    p.add_argument("--convention", choices=G.CONVENTIONS, default="table5")
+    p.add_argument("--convention", choices=G.CONVENTIONS, default="table5",
+                   help="table5: the paper supplement's formulas; official: the official "
+                        "gbops_calculation.py's (docs/cli.md)")
     p.add_argument("--top", type=T.nonnegative_int, default=0,
                    help="show only the N costliest layers (0 = all)")
     add_json_flag(p)

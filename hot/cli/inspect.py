@@ -31,8 +31,8 @@ def add_parser(sub) -> None:
     p.add_argument("--dataset", default=None, choices=sorted(DATASETS),
                    help="take the batch from this dataset (hot train's names; default: random "
                         "inputs and labels; real data gives realistic gradients)")
-    p.add_argument("--data-root", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-root", default=None, help="local data folder for --dataset")
+    p.add_argument("--seed", type=int, default=0, help="the batch and the initial weights")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     add_hot_args(p)
     add_json_flag(p)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import math
 import pathlib
@@ -36,7 +37,8 @@ from ..models.registry import build_lm, is_lm_spec
 from .common import (CLIError, device_from, emit, fmt_bytes, hot_config, log, method_recipe,
                      progress, render_table)
 from .methods import full_rank, rank_record
-from .outputs import claim
+from .fingerprint import train_fingerprint
+from .outputs import claim, save, write_text
 from .trainer import backend_summary
 
 
@@ -266,6 +268,10 @@ def run_lm(args) -> int:
                        "from scratch. Drop --lora-r.")
     if args.resume:
         raise CLIError("--resume: language-model runs cannot be resumed yet; start a new run.")
+    for flag, on in (("--compile", args.compile), ("--exclude", args.exclude)):
+        if on:
+            raise CLIError(f"{flag}: not available for language-model runs (from Python, "
+                           f"LMSpec.exact_layers leaves layers exact); drop {flag}.")
     spec = LMSpec(method=args.method, model=args.model, epochs=args.epochs,
                   batch_size=args.batch_size, seq=args.max_len,
                   lr=args.lr if args.lr is not None else 1e-3,
@@ -273,23 +279,25 @@ def run_lm(args) -> int:
                   backend=args.backend, train_size=args.train_size, val_size=args.test_size,
                   max_steps=args.max_steps, hla_full_rank=args.hla_full_rank)
     device = device_from(args.device)
+    fp = train_fingerprint(args, device.type, spec.to_dict()["hot_config"])
     out = pathlib.Path(args.out or pathlib.Path("runs") /
                        f"{args.model}-{args.dataset}-{args.method}")
-    # Stop before any work where the run would replace an earlier run's results.
+    # Stop before any work where the run would replace an earlier run's results. The folder is
+    # created by the first write (outputs.atomic), so a run that fails leaves none behind.
     claim(out, ["metrics.json", "metrics.csv", "model.pt"], args.overwrite)
     data = load_dataset(args.dataset, args.data_root)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     r = train_lm(spec, device, data, label=args.method, keep_model=True)
     model = r.pop("model")
-    torch.save({"model": model.state_dict(), "spec": r["spec"]}, out / "model.pt")
+    save({"model": model.state_dict(), "spec": r["spec"]}, out / "model.pt")
     result = {"model": args.model, "dataset": args.dataset, "out": str(out),
-              "wall_time_s": time.perf_counter() - t0, **r}
-    (out / "metrics.json").write_text(json.dumps(result, indent=1, default=str))
-    with open(out / "metrics.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["epoch", "step", "train_loss", "val_ppl"])
-        w.writeheader()
-        w.writerows(r["history"]["epochs"])
+              "wall_time_s": time.perf_counter() - t0, "fingerprint": fp, **r}
+    write_text(out / "metrics.json", json.dumps(result, indent=1, default=str))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["epoch", "step", "train_loss", "val_ppl"])
+    w.writeheader()
+    w.writerows(r["history"]["epochs"])
+    write_text(out / "metrics.csv", buf.getvalue())
     text = render_table(["method", "val perplexity", "uniform", "steps", "ms/step",
                          "peak memory"],
                         [[args.method, r["val_ppl"], r["uniform_ppl"], r["steps"],

@@ -6,12 +6,13 @@ import argparse
 import sys
 from typing import Optional
 
+from . import argtypes as T
 from . import bench, compare, demo, gbops, inspect, memory, train
 from .errors import (EXIT_ERROR, EXIT_INTERRUPTED, UsageError, debug_enabled, describe,
                      print_traceback, report)
 
 EPILOG = """examples:
-  hot demo                                  FP32 vs HOT on Fashion-MNIST, about 3 min on 2 CPU cores
+  hot demo                                  FP32 vs HOT on Fashion-MNIST, about 4.5 min on 2 CPU cores
   hot train --dataset mnist-5k --method hot --epochs 2
   hot train --model minilm --dataset rotten-tomatoes --method hot --lora-r 8
   hot memory vit_base_patch16_224 --batch 8 --input-shape 3,224,224
@@ -22,9 +23,43 @@ packages or local paths (docs/cli.md). Errors exit with status 2 and one line on
 --debug (or HOT_DEBUG=1) also prints the traceback."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """The one help formatter of every subcommand: descriptions wrapped, a text of several lines
+    (the examples epilog) kept as written, and an option's default appended once, only where
+    its help does not already state it."""
+
+    def _fill_text(self, text, width, indent):
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.default in (None, False, argparse.SUPPRESS) or "default" in text
+                or action.nargs == argparse.REMAINDER):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors reach main() as UsageError (one line, exit status 2)
-    instead of a usage block and SystemExit; its subparsers are Parsers too."""
+    instead of a usage block and SystemExit; its subparsers are Parsers too. Every one formats
+    help with HelpFormatter, whatever a subcommand asks for, and takes no abbreviated options
+    (--epoch must not silently mean --epochs)."""
+
+    def __init__(self, *a, **kw):
+        kw["formatter_class"] = HelpFormatter
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*a, **kw)
+
+    def _check_value(self, action, value):
+        # argparse's own check, with the closest choice suggested (a typo in --dataset)
+        if action.choices is not None and value not in action.choices:
+            names = [str(c) for c in action.choices]
+            raise argparse.ArgumentError(
+                action, f"invalid choice: {value!r}{T.suggestion(str(value), names)}; choose "
+                        f"from {', '.join(names)}.")
+        super()._check_value(action, value)
 
     def error(self, message: str):
         # Messages of hot.cli.argtypes are sentences that say what to give; argparse's own
@@ -38,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="hot", description="HOT (Hadamard-based Optimized Training): see it train, "
         "measure its memory, count its operations and inspect its gradients.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG)
     from .. import __version__
 
     p.add_argument("--version", action="version", version=f"hot {__version__}")

@@ -32,6 +32,7 @@ def claim(out: pathlib.Path, names: Iterable[str], overwrite: bool, *, flag: str
     if out.exists() and not out.is_dir():
         raise CLIError(f"{flag} {out}: this is a file, not a folder; give a folder for the "
                        f"results.")
+    _check_creatable(out, flag)
     if overwrite:
         return
     kept = {pathlib.Path(k).resolve() for k in keep}
@@ -39,6 +40,20 @@ def claim(out: pathlib.Path, names: Iterable[str], overwrite: bool, *, flag: str
     if taken:
         raise CLIError(f"{flag} {out} already holds {', '.join(taken)} from an earlier run; "
                        f"give another {flag} folder, or --overwrite to replace them.")
+
+
+def _check_creatable(out: pathlib.Path, flag: str) -> None:
+    """CLIError unless ``out`` (a folder, perhaps not there yet) can be created and written:
+    its nearest existing ancestor must be a writable folder. Checked before any work, so that a
+    bad path does not surface only when the first result is written."""
+    anc = out.absolute()
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir():
+        raise CLIError(f"{flag} {out}: {anc} is a file, so the folder cannot be created there; "
+                       f"give a folder path.")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise CLIError(f"{flag} {out}: {anc} is not writable; give a folder you can write to.")
 
 
 def atomic(path: pathlib.Path, write: Callable[[str], None]) -> None:

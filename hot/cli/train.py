@@ -17,8 +17,9 @@ from ..data import DATASETS, LM_DATASETS, load_dataset
 from ..models import build_model, describe_model_spec
 from . import argtypes as T
 from . import plots
-from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
-                     fmt_bytes, hot_config, render_table)
+from .common import (CLIError, add_hot_args, add_json_flag, add_threads_flag, apply_threads,
+                     check_backend, device_from, emit, fmt_bytes, hot_config, log, render_table)
+from .fingerprint import differences, refuse, train_fingerprint
 from .methods import rank_record
 from .modelargs import check_fits, check_tiny_vit
 from .outputs import add_overwrite_flag, claim, write_text
@@ -42,12 +43,14 @@ def add_parser(sub) -> None:
                    "or Fashion-MNIST elsewhere)")
     p.add_argument("--method", default="hot", choices=recipes.names(),
                    help="; ".join(f"{r.name}: {r.summary}" for r in recipes.RECIPES.values()))
-    p.add_argument("--epochs", type=T.positive_int, default=1)
+    p.add_argument("--epochs", type=T.positive_int, default=1, help="passes over the training set")
     p.add_argument("--lr", type=T.positive_float, default=None,
                    help="default 1e-3, or 5e-5 for text models")
-    p.add_argument("--weight-decay", type=T.nonnegative_float, default=0.05)
-    p.add_argument("--batch-size", type=T.positive_int, default=128)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weight-decay", type=T.nonnegative_float, default=0.05,
+                   help="AdamW weight decay")
+    p.add_argument("--batch-size", type=T.positive_int, default=128, help="training batch size")
+    p.add_argument("--seed", type=int, default=0,
+                   help="initial weights and data order (the same for every method)")
     p.add_argument("--train-size", type=T.positive_int, default=None,
                    help="fixed random training subset")
     p.add_argument("--test-size", type=T.positive_int, default=None,
@@ -56,11 +59,12 @@ def add_parser(sub) -> None:
                    help="stop after N steps (smoke runs)")
     p.add_argument("--image-size", type=T.positive_int, default=None,
                    help="resize images to this square size")
-    p.add_argument("--max-len", type=T.positive_int, default=64, help="tokens per text example")
+    p.add_argument("--max-len", type=T.sequence_length, default=64,
+                   help="tokens per text example (2 or more)")
     p.add_argument("--lora-r", type=T.nonnegative_int, default=0,
                    help="LoRA rank via peft (0 = full training); HOT then applies only to the "
                         "frozen base layers")
-    p.add_argument("--lora-alpha", type=T.positive_int, default=16)
+    p.add_argument("--lora-alpha", type=T.positive_int, default=16, help="LoRA scaling alpha")
     p.add_argument("--lora-hot", choices=LORA_HOT, default="frozen",
                    help="with --lora-r and a HOT method: which layers run HOT, the frozen base "
                         "layers (the paper's choice), the trained adapters, or both")
@@ -75,7 +79,13 @@ def add_parser(sub) -> None:
                    "run is left as it is")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="also keep checkpoint-epoch<N>.pt after every epoch")
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
+    p.add_argument("--compile", action="store_true",
+                   help="train through torch.compile(model) (evaluation runs the model eagerly)")
+    p.add_argument("--exclude", type=T.pattern_list, default=(),
+                   help="comma-separated layer-name patterns left exact (a name matches when it "
+                        "contains the pattern or matches it as a glob, e.g. head or blocks.0.*)")
+    add_threads_flag(p)
     add_overwrite_flag(p)
     add_hot_args(p)
     p.add_argument("--hla-full-rank", type=T.name_list, default=(),
@@ -90,6 +100,7 @@ def run(args) -> int:
     if args.lora_hot != "frozen" and not args.lora_r:
         raise CLIError(f"--lora-hot {args.lora_hot} chooses among LoRA layers: add --lora-r "
                        f"(e.g. --lora-r 8), or drop --lora-hot.")
+    apply_threads(args)
     if args.dataset in LM_DATASETS:
         from .lmtrain import run_lm
 
@@ -97,7 +108,13 @@ def run(args) -> int:
     device = device_from(args.device)
     check_backend(args, device)
     cfg = hot_config(args)
+    fp = train_fingerprint(args, device.type, cfg.to_dict())
     ck = read_checkpoint(args.resume) if args.resume else None
+    if ck is not None and differences(ck.get("fingerprint"), fp):
+        if not args.overwrite:
+            refuse(f"--resume {args.resume}", ck.get("fingerprint"), fp)
+        log(f"--overwrite: {args.resume} is a run of another task; starting over.")
+        ck, args.resume = None, None
     if ck is not None and checkpoint_complete(ck, args.epochs, args.max_steps):
         return _already_complete(args, ck)
     name = f"{pathlib.Path(args.model).name}-{args.dataset}-{args.method}"
@@ -122,7 +139,8 @@ def run(args) -> int:
                    lora_hot=args.lora_hot, hla_full_rank=args.hla_full_rank,
                    max_len=args.max_len, image_size=args.image_size, max_steps=args.max_steps,
                    checkpoint=str(out / "checkpoint.pt"), resume=args.resume, resume_state=ck,
-                   keep_checkpoints=args.keep_checkpoints)
+                   keep_checkpoints=args.keep_checkpoints, fingerprint=fp,
+                   compile=args.compile, exclude=args.exclude)
     t0 = time.perf_counter()
     r = train_run(builder, data, spec, device, label=args.method)
     model = r.pop("model")
@@ -136,6 +154,7 @@ def run(args) -> int:
               "lqs": {n: int(m.hot_lqs) for n, m in layers},
               **rank_record(layers),
               "hot_steps": {n: int(m.hot_step) for n, m in layers}, "out": str(out),
+              "fingerprint": fp,
               "wall_time_s": time.perf_counter() - t0,
               "plot": str(png) if not args.no_plot and plots.available() else None, **r}
     # The metrics first: a figure that fails to draw must not cost the results.

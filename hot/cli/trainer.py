@@ -8,6 +8,7 @@ methods differ only in what the method changes.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import pathlib
 import time
@@ -52,6 +53,9 @@ class RunSpec:
     keep_checkpoints: bool = False  # also keep <checkpoint stem>-epoch<N>.pt for every epoch
     resume: Optional[str] = None
     resume_state: Optional[dict] = None  # the checkpoint at ``resume``, if already read
+    fingerprint: Optional[dict] = None  # what determines the result (hot.cli.fingerprint)
+    compile: bool = False  # train through torch.compile(model)
+    exclude: tuple = ()  # layer-name patterns HOT leaves exact (excluded)
     extra: dict = field(default_factory=dict)
 
 
@@ -207,10 +211,30 @@ def prepare_model(builder, spec: RunSpec, device):
     recipe = method_recipe(spec.method)
     if not recipe.exact:
         filt = lora_filter(spec.lora_hot) if spec.lora_r else None
+        if spec.exclude:
+            filt = exclude_filter(model, spec.exclude, filt)
         cfg = spec.hot_config or recipe.config
         model = recipe.prepare(model, cfg, filt, spec.backend)
         full_rank(model, spec.hla_full_rank, cfg, spec.backend)
     return model.to(device), built
+
+
+def matches(fqn: str, pattern: str) -> bool:
+    """--exclude's rule: ``fqn`` contains ``pattern`` or matches it as a glob."""
+    return pattern in fqn or fnmatch.fnmatchcase(fqn, pattern)
+
+
+def exclude_filter(model: nn.Module, patterns: tuple, base=None):
+    """convert's filter that leaves the layers matching ``patterns`` exact (and, with ``base``,
+    also those ``base`` rejects); CLIError for a pattern that names no Linear/Conv2d layer."""
+    names = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    for p in patterns:
+        if not any(matches(n, p) for n in names):
+            raise CLIError(f"--exclude {p}: no Linear or Conv2d layer name matches it (e.g. "
+                           f"{names[-1] if names else 'none'}); give a part of a layer name or a "
+                           f"glob.")
+    keep = lambda fqn: not any(matches(fqn, p) for p in patterns)  # noqa: E731
+    return (lambda fqn, m: keep(fqn) and base(fqn, m)) if base else (lambda fqn, m: keep(fqn))
 
 
 def backend_summary(model) -> Optional[str]:
@@ -235,6 +259,9 @@ def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
     method = method_recipe(spec.method)
     label = label or spec.method
     model, built = prepare_model(builder, spec, device)
+    # Training steps go through the compiled module; evaluation, the saved-bytes measurement and
+    # checkpoints use the model itself (its state_dict keys stay those of the plain model).
+    forward = torch.compile(model) if spec.compile else model
     train_b = Batches(data, "train", device, built.tokenizer, spec.max_len, spec.image_size)
     test_b = Batches(data, "test", device, built.tokenizer, spec.max_len, spec.image_size)
     steps_per_epoch = math.ceil(len(train_b) / spec.batch_size)
@@ -268,7 +295,7 @@ def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
             _sync(device)
             t0 = time.perf_counter()
             with method.context(device):
-                loss = F.cross_entropy(logits_of(model, xb).float(), yb)
+                loss = F.cross_entropy(logits_of(forward, xb).float(), yb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -293,7 +320,8 @@ def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
                      "scheduler": sched.state_dict(), "epoch": epoch, "step": step,
                      "history": history, "rng": torch.get_rng_state(),
                      "method": spec.method, "epochs": spec.epochs, "max_steps": spec.max_steps,
-                     "hot_config": (spec.hot_config or hot.HOTConfig()).to_dict()}
+                     "hot_config": (spec.hot_config or hot.HOTConfig()).to_dict(),
+                     "fingerprint": spec.fingerprint}
             outputs.save(state, spec.checkpoint)
             if spec.keep_checkpoints:
                 outputs.save(state, epoch_checkpoint(spec.checkpoint, epoch + 1))

@@ -79,8 +79,13 @@ def _timm(name: str, classes: int, input_shape: Optional[tuple]) -> BuiltModel:
         raise ModelError(f"model {name!r} looks like a timm name but timm is not installed: "
                          f"pip install timm") from e
     if name not in timm.list_models():
+        import difflib
+
+        close = difflib.get_close_matches(name, ["tiny-vit", "minilm", *_llama_presets(),
+                                                 *timm.list_models()], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ModelError(f"{name!r} is neither 'tiny-vit', 'minilm', an existing directory, nor a "
-                         f"timm model name (see timm.list_models()).")
+                         f"timm model name (see timm.list_models()){hint}.")
     kw = dict(pretrained=False, num_classes=classes)
     if input_shape is not None:
         kw["in_chans"] = input_shape[0]
@@ -147,3 +152,9 @@ def build_lm(spec: str, *, vocab: int, seq: int, pad_id: Optional[int] = None,
                          f"choose one of {sorted(LLAMA_PRESETS)}.")
     m = llama_preset(spec, **{**(overrides or {}), "vocab": vocab, "seq": seq, "pad_id": pad_id})
     return BuiltModel(m, "lm", spec)
+
+
+def _llama_presets() -> list[str]:
+    from .llama import LLAMA_PRESETS
+
+    return list(LLAMA_PRESETS)

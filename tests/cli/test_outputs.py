@@ -113,8 +113,9 @@ def test_bad_resume_files_are_one_line_errors(run_text, finished, tmp_path):
     cases = [(tmp_path / "missing.pt", "no such file", ["--method", "fp32"]),
              (garbage, "torch.load cannot read it", ["--method", "fp32"]),
              (foreign, "not a hot train checkpoint", ["--method", "fp32"]),
-             (finished / "checkpoint-epoch1.pt", "with --method fp32", ["--method", "hot"]),
-             (finished / "checkpoint-epoch1.pt", "does not fit this model",
+             (finished / "checkpoint-epoch1.pt", "method (recorded 'fp32', now 'hot')",
+              ["--method", "hot"]),
+             (finished / "checkpoint-epoch1.pt", "vit_dim (recorded 32, now 64)",
               ["--method", "fp32", "--vit-dim", 64])]
     for path, why, extra in cases:
         rc, _, err = run_text("train", *TINY, *extra, "--epochs", 2, "--out", tmp_path / "run",

@@ -26,10 +26,13 @@ def test_registered_recipes_and_their_configs():
 
 
 def test_gemms_are_read_from_the_config():
-    g = recipes.get("hot").gemms
+    g = recipes.get("paper").gemms
     assert (g.D.bits, g.D.transform, g.D.rank) == (4, "hadamard16", None)
     assert (g.W.bits, g.W.transform, g.W.rank, g.W.selection) == (8, "walsh16", 8, "lowpass")
     assert g.F.bits is None and "int8 codes" in g.saves
+    g = recipes.get("hot").gemms  # HOTConfig(): the width and the rows chosen per GPU and layer
+    assert (g.D.bits, g.W.selection) == ("auto", "auto")
+    assert g.D.describe().startswith("int4/8 (auto") and "intauto" not in g.D.describe()
     cfg = hot.HOTConfig().replace(hq={"bits": 8}, hla={"rank": 4, "abc": "save"})
     g = recipes.gemms(cfg)
     assert (g.D.bits, g.W.rank) == (8, 4) and g.saves.startswith("T x as int8 codes (4 of 16")

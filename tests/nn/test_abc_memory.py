@@ -14,6 +14,9 @@ import torch.nn as nn
 import hot
 from hot_testing import hot_copy, nbytes, saved_by_forward, wrap
 
+# The paper's codes: the fixed low-pass rows (a drawn selection also keeps its step, below).
+PAPER = hot.HOTConfig(hla=hot.HLAConfig(selection="lowpass"))
+
 
 def _abc_bytes(tokens, feats, rank=8, scale="channel"):
     l16 = -(-tokens // 16) * 16
@@ -24,7 +27,7 @@ def _abc_bytes(tokens, feats, rank=8, scale="channel"):
 def test_linear_saves_only_the_int8_low_rank_copy(rank):
     torch.manual_seed(0)
     tokens, feats = 256, 48
-    model = hot_copy(wrap(nn.Linear(feats, 32)), hot.HOTConfig().replace(hla={"rank": rank}))
+    model = hot_copy(wrap(nn.Linear(feats, 32)), PAPER.replace(hla={"rank": rank}))
     x = torch.randn(4, tokens // 4, feats, requires_grad=True)
     y, others, params = saved_by_forward(model, x)
     assert {t.dtype for t in others} == {torch.int8, torch.float32}
@@ -40,7 +43,7 @@ def test_linear_saves_only_the_int8_low_rank_copy(rank):
 
 
 def test_padding_and_tensor_scale_are_counted_exactly():
-    model = hot_copy(wrap(nn.Linear(10, 6)), hot.HOTConfig().replace(hla={"scale": "tensor"}))
+    model = hot_copy(wrap(nn.Linear(10, 6)), PAPER.replace(hla={"scale": "tensor"}))
     x = torch.randn(37, 10, requires_grad=True)  # 37 tokens -> 48 padded
     _, others, _ = saved_by_forward(model, x)
     assert nbytes(others) == _abc_bytes(37, 10, scale="tensor") == 10 * 24 + 4
@@ -55,7 +58,7 @@ def test_plain_linear_saves_fp32_input():
 
 
 def test_exact_steps_save_x_itself():
-    model = hot_copy(wrap(nn.Linear(48, 32)), hot.HOTConfig(exact_steps=1))
+    model = hot_copy(wrap(nn.Linear(48, 32)), PAPER.replace(exact_steps=1))
     x = torch.randn(256, 48, requires_grad=True)
     y, others, _ = saved_by_forward(model, x)
     assert len(others) == 1 and others[0].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
@@ -84,7 +87,7 @@ def test_conv_saves_the_compressed_patches(k):
     k^2 / 8 of it for k x k kernels (9/8 for 3x3: ABC is larger than the input there)."""
     torch.manual_seed(0)
     c, hw, b = 8, 8, 4
-    model = hot_copy(wrap(nn.Conv2d(c, 16, k, padding=k // 2)), hot.HOTConfig())
+    model = hot_copy(wrap(nn.Conv2d(c, 16, k, padding=k // 2)), PAPER)
     x = torch.randn(b, c, hw, hw, requires_grad=True)
     _, others, _ = saved_by_forward(model, x)
     assert nbytes(others) == _abc_bytes(b * hw * hw, c * k * k)
@@ -99,11 +102,25 @@ def test_frozen_weight_saves_no_abc_copy_and_input_without_grad_no_weight():
     lin = nn.Linear(48, 32)
     lin.weight.requires_grad_(False)
     lin.bias.requires_grad_(False)
-    model = hot_copy(wrap(lin), hot.HOTConfig())
+    model = hot_copy(wrap(lin), PAPER)
     x = torch.randn(64, 48, requires_grad=True)
     _, others, params = saved_by_forward(model, x)
     assert others == [] and len(params) == 1  # only W, for g_x
 
-    model = hot_copy(wrap(nn.Linear(48, 32)), hot.HOTConfig())
+    model = hot_copy(wrap(nn.Linear(48, 32)), PAPER)
     _, others, params = saved_by_forward(model, torch.randn(64, 48))  # x needs no grad
     assert params == [] and nbytes(others) == _abc_bytes(64, 48)
+
+
+def test_a_drawn_selection_also_keeps_its_step():
+    """HOTConfig()'s selection on a Linear layer draws the rows from the layer's seed and step:
+    the forward keeps the same codes and scales as the low-pass rows plus a one-element int64
+    copy of the step counter (8 bytes), so that backward draws g_y's rows alike."""
+    torch.manual_seed(0)
+    model = hot_copy(wrap(nn.Linear(48, 32)), hot.HOTConfig())
+    assert model[0].hot_config.hla.selection == "stratified"
+    x = torch.randn(4, 64, 48, requires_grad=True)
+    _, others, _ = saved_by_forward(model, x)
+    steps = [t for t in others if t.dtype == torch.int64]
+    assert [t.numel() for t in steps] == [1]
+    assert nbytes(others) == _abc_bytes(256, 48) + 8

@@ -19,18 +19,19 @@ from hot.nn.state import ABC_X, GY_HLA
 
 from hot_testing import grads, hot_copy, wrap
 
-DELAYED = hot.HOTConfig(seed=3, hla=hot.HLAConfig(amax="delayed"))
-CURRENT = hot.HOTConfig(seed=3)
+# delayed scales need a fixed row selection: the paper's low-pass rows, in both configs
+DELAYED = hot.HOTConfig(seed=3, hla=hot.HLAConfig(selection="lowpass", amax="delayed"))
+CURRENT = hot.HOTConfig(seed=3, hla=hot.HLAConfig(selection="lowpass"))
 
 
 def test_config_checks_name_the_field_and_the_fix():
     for kw in (dict(scale="tensor"), dict(bits=None)):
         with pytest.raises(hot.HOTConfigError, match="amax='delayed'"):
-            hot.HLAConfig(amax="delayed", **kw)
+            hot.HLAConfig(selection="lowpass", amax="delayed", **kw)
     with pytest.raises(hot.HOTConfigError, match="HLAConfig.amax"):
         hot.HLAConfig(amax="previous")
     with pytest.raises(hot.HOTConfigError, match="method='int4'"):
-        hot.HOTConfig(method="int4", hla=hot.HLAConfig(amax="delayed"))
+        hot.HOTConfig(method="int4", hla=hot.HLAConfig(selection="lowpass", amax="delayed"))
 
 
 def test_window_of_the_delayed_scale():
@@ -152,7 +153,9 @@ def test_cli_flag_sets_the_config_and_baselines_refuse_it():
     p = argparse.ArgumentParser()
     add_hot_args(p)
     p.add_argument("--method", default="hot")
-    assert hot_config(p.parse_args(["--hla-amax", "delayed"])).hla.amax == "delayed"
+    # delayed scales need a fixed selection (HOTConfig()'s auto draws rows on Linear layers)
+    given = p.parse_args(["--hla-amax", "delayed", "--hla-selection", "lowpass"])
+    assert hot_config(given).hla.amax == "delayed"
     assert hot_config(p.parse_args([])).hla.amax == "current"
     with pytest.raises(CLIError, match="--hla-amax"):
         hot_config(p.parse_args(["--method", "int4", "--hla-amax", "delayed"]))

@@ -40,8 +40,9 @@ from hot.common.quant import qmax
 from hot_testing import hot_copy, pad16, projector, wrap
 
 METHODS = {
-    "hot": hot.HOTConfig(),
-    "hot_rank1": hot.HOTConfig().replace(hla={"rank": 1}),
+    # the bounds are of the paper's mechanics: 4-bit HQ and the fixed low-pass projection
+    "hot": hot.HOTConfig.paper(),
+    "hot_rank1": hot.HOTConfig.paper().replace(hla={"rank": 1}),
     "exact": hot.HOTConfig.exact(),
     "int4": hot.HOTConfig.int4(),
     "luq": hot.HOTConfig.luq(),

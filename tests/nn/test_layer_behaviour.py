@@ -222,7 +222,8 @@ def test_int8_steps_then_4_bits():
     error is an average over 32 x 24 elements, concentrated to ~10%, so requiring 4x is safe
     and still fails if 4 bits were used."""
     plain = _lin()
-    model = hot_copy(wrap(plain), hot.HOTConfig(int8_steps=2, hq=hot.HQConfig(gy_scale="token")))
+    model = hot_copy(wrap(plain), hot.HOTConfig(int8_steps=2,
+                                                hq=hot.HQConfig(bits=4, gy_scale="token")))
     x = torch.randn(32, 24, requires_grad=True)
     gy = torch.randn(32, 20)
     exact = gy @ plain.weight.detach()
@@ -233,7 +234,7 @@ def test_int8_steps_then_4_bits():
 
 def test_set_config_changes_bits_mid_training_and_keeps_state():
     plain = _lin(dtype=torch.float64)
-    model = hot_copy(wrap(plain), hot.HOTConfig())
+    model = hot_copy(wrap(plain), hot.HOTConfig(hq=hot.HQConfig(bits=4)))
     x = torch.randn(32, 24, dtype=torch.float64, requires_grad=True)
     gy = torch.randn(32, 20, dtype=torch.float64)
     exact = gy @ plain.weight.detach()
