@@ -110,8 +110,8 @@ class HLAConfig:
         rank 4), each row drawn uniformly inside its band and weighted by 1 / p, so
         E[g_W] is the exact g_W (hot.common.walsh; docs/algorithm.md). The same GEMM shapes
         and the same saved codes as "lowpass"; ranks 4, 8 and 16.
-        "auto" (default) = "stratified" on Linear layers and "lowpass" on Conv2d layers (a
-        layer's hot_config holds the resolved choice, ``for_layer``): a convolution's token
+        "auto" (default) = "stratified" on Linear layers and "lowpass" on Conv2d layers
+        (``for_layer``; a layer's hot_config keeps "auto"): a convolution's token
         rows are overlapping windows of an image, so smooth along the tokens that the low-pass
         drops little and the drawn rows' variance costs more than the bias they remove
         (measured: ResNet-18 from scratch on Fashion-MNIST lost 1.27 points to FP32 with the

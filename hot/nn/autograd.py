@@ -158,7 +158,7 @@ def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: i
                row: bool, recompute: bool, draw: bool) -> LayerPlan:
     """make_plan for this call, after checking the constants the caller passed (traced ones may
     be stale) against the layer's live state."""
-    cfg = layer.hot_config
+    cfg = layer._hot_run_config
     plan = make_plan(layer, cfg, layer._backend_for(x.device), seq, x.numel() == 0)
     h = cfg.hla
     # "auto" was resolved by the caller (from the producer or the partitioner's flag): either is
@@ -507,7 +507,7 @@ def _codes_nbytes(rows: int, cols: int, seq: int, h, x: torch.Tensor) -> int:
 def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int, copy_rows: Optional[int]):
     """(cfg_key, need_gx, need_gw, exact, seq, rank, bits, row, recompute, draw): the constants
     of this call; cfg_key names the config the backward runs with (state.config_key)."""
-    cfg = layer.hot_config
+    cfg = layer._hot_run_config
     h = cfg.hla
     exact = layer._hot_exact_phase or x.numel() == 0 or is_narrow(layer, cfg)
     return (layer._hot_config_key, x.requires_grad, w.requires_grad, exact, seq, h.rank,

@@ -27,7 +27,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 HOT_BUFFERS = ("hot_step", "hot_lqs")
 HOT_ATTRS = ("hot_config", "hot_name", "hot_backend", "hot_id", "hot_lqs_stats", "_hot_resolved",
              "_hot_step_value", "_hot_lqs_value", "_hot_exact_phase", "_hot_key", "_hot_hist",
-             "_hot_config_key")
+             "_hot_config_key", "_hot_run_config")
 
 
 class HOTLayerError(ValueError):
@@ -77,9 +77,7 @@ class _HOTMixin:
         return mod
 
     def _hot_init(self, config: HOTConfig, name: str, backend: Optional[str]) -> None:
-        config = config.for_layer(isinstance(self, nn.Conv2d))
-        self.hot_config = config
-        self._hot_config_key = config_key(config)
+        self._hot_set_config(config)
         self.hot_name = name
         self.hot_backend = backend
         self.hot_id = zlib.crc32(name.encode())
@@ -125,7 +123,7 @@ class _HOTMixin:
         if "_hot_key" in self.__dict__:
             self._hot_key = autograd.register(self)
             # config keys are process-local: name the config again in this process
-            self._hot_config_key = config_key(self.hot_config)
+            self._hot_config_key = config_key(self._hot_run_config)
 
     def __reduce_ex__(self, protocol):
         # The HOT class of a subclass is made at run time (hot_class): pickle it as "the HOT
@@ -271,18 +269,30 @@ class _HOTMixin:
             bias = bias.to(dt) if bias is not None else None
         return x, weight, bias
 
-    def set_hot_config(self, config: HOTConfig) -> None:
-        """A new config for the next forward (HLAConfig.selection "auto" resolved for this
-        layer's type, HOTConfig.for_layer); a backward still runs with its forward's."""
-        config = config.for_layer(isinstance(self, nn.Conv2d))
+    def _hot_set_config(self, config: HOTConfig) -> None:
+        """hot_config = ``config`` as given; what the layer runs is ``_hot_run_config``, the
+        same with HLAConfig.selection "auto" resolved for this layer's type
+        (HOTConfig.for_layer), named for the operators by ``_hot_config_key``."""
         self.hot_config = config
-        self._hot_config_key = config_key(config)
+        self._hot_run_config = config.for_layer(isinstance(self, nn.Conv2d))
+        self._hot_config_key = config_key(self._hot_run_config)
+
+    @property
+    def hot_run_config(self) -> HOTConfig:
+        """hot_config as this layer runs it: HLAConfig.selection "auto" resolved for its type
+        ("stratified" on a Linear layer, "lowpass" on a Conv2d)."""
+        return self._hot_run_config
+
+    def set_hot_config(self, config: HOTConfig) -> None:
+        """A new config for the next forward; a backward still runs with its forward's."""
+        self._hot_set_config(config)
         self._hot_exact_phase = config.exact_at(self._hot_step_value)
         self._hot_make_histories()
 
     def hot_extra_repr(self) -> str:
-        c = self.hot_config
-        return (f"hq_bits={c.hq.bits}, hla_rank={c.hla.rank}, hla_bits={c.hla.bits}, "
+        c = self._hot_run_config
+        return (f"hq_bits={c.hq.bits}, hla_rank={c.hla.rank}, hla_selection={c.hla.selection}, "
+                f"hla_bits={c.hla.bits}, "
                 f"lqs={self._hot_lqs_value}")
 
 

@@ -81,7 +81,8 @@ def test_defaults_and_presets():
 def test_auto_resolves_per_layer_type():
     m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(16, 4))
     hot.convert(m, convert_head=True)
-    assert m[0].hot_config.hla.selection == "lowpass"
-    assert m[2].hot_config.hla.selection == "stratified"
+    assert m[0].hot_config == m[2].hot_config == hot.HOTConfig()  # as given
+    assert m[0].hot_run_config.hla.selection == "lowpass"
+    assert m[2].hot_run_config.hla.selection == "stratified"
     hot.set_config(m, hot.HOTConfig.paper())
-    assert m[2].hot_config.hla.selection == "lowpass"
+    assert m[2].hot_run_config.hla.selection == "lowpass"
