@@ -19,8 +19,8 @@ from hot.nn.state import ABC_X, GY_HLA
 
 from hot_testing import grads, hot_copy, wrap
 
-DELAYED = hot.HOTConfig(seed=3, hla=hot.HLAConfig(amax="delayed"))
-CURRENT = hot.HOTConfig(seed=3)
+DELAYED = hot.HOTConfig(seed=3, hla=hot.HLAConfig(amax="delayed", selection="lowpass"))
+CURRENT = hot.HOTConfig(seed=3, hla=hot.HLAConfig(selection="lowpass"))
 
 
 def test_config_checks_name_the_field_and_the_fix():
@@ -30,7 +30,7 @@ def test_config_checks_name_the_field_and_the_fix():
     with pytest.raises(hot.HOTConfigError, match="HLAConfig.amax"):
         hot.HLAConfig(amax="previous")
     with pytest.raises(hot.HOTConfigError, match="method='int4'"):
-        hot.HOTConfig(method="int4", hla=hot.HLAConfig(amax="delayed"))
+        hot.HOTConfig(method="int4", hla=hot.HLAConfig(amax="delayed", selection="lowpass"))
 
 
 def test_window_of_the_delayed_scale():
@@ -152,7 +152,9 @@ def test_cli_flag_sets_the_config_and_baselines_refuse_it():
     p = argparse.ArgumentParser()
     add_hot_args(p)
     p.add_argument("--method", default="hot")
-    assert hot_config(p.parse_args(["--hla-amax", "delayed"])).hla.amax == "delayed"
+    delayed = ["--hla-amax", "delayed", "--hla-selection", "lowpass"]
+    assert hot_config(p.parse_args(delayed)).hla.amax == "delayed"
     assert hot_config(p.parse_args([])).hla.amax == "current"
     with pytest.raises(CLIError, match="--hla-amax"):
         hot_config(p.parse_args(["--method", "int4", "--hla-amax", "delayed"]))
+
