@@ -397,7 +397,8 @@ def _setup_common(ctx, out, x, w2d, key, cfg, exact, seq, need_gx, need_gw, in_f
     # The record of what a delayed x history's pass read, kept as long as this node (eagerly:
     # a traced forward never runs again in backward).
     ctx.x_pass = None
-    if need_gw and not ctx.traced and config_of(cfg).hla.amax == "delayed":
+    if need_gw and not (exact or recompute or ctx.traced) \
+            and config_of(cfg).hla.amax == "delayed":
         ctx.x_pass = replay.take_last()
 
 
