@@ -110,8 +110,9 @@ class _HOTMixin:
         when the config asks for them rather than at a layer's first pass: a first pass inside
         a CUDA graph's warm-up would otherwise allocate them from the graph's private pool.
         Not buffers (DDP would broadcast them every step): the state dict carries them as
-        hot_hist_x / hot_hist_gy (_save_to_state_dict); _apply moves them with the module. ``config``: the config they are for (default: the
-        layer's; a backward runs with its forward's)."""
+        hot_hist_x / hot_hist_gy (_save_to_state_dict); _apply moves them with the module.
+        ``config``: the config they are for (default: the layer's; a backward runs with its
+        forward's)."""
         if (config or self.hot_config).hla.amax != "delayed":
             return
         dev = self.weight.device if dev is None else dev
