@@ -70,6 +70,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from ..common import ops
+from . import replay
 from .backward import abc_codes, hot_backward, kept_by_producer, no_autocast, patches, seq_pad
 from ..common.quant import StepSeed
 from .state import (ABC_X, DRAW, LayerPlan, config_of, draws_rows, hla_history, is_narrow,
@@ -238,7 +239,10 @@ def _abc_outputs(layer, plan: LayerPlan, rows: torch.Tensor, recompute: bool, dr
     """(q_x, s_x, step) of a forward that keeps what HOT's g_W path needs of ``rows``."""
     if recompute:  # the Function keeps x: backward forms the codes
         return _empty(rows), _empty(rows), _step_snapshot(layer)
-    q, s = abc_codes(plan, rows)
+    # A delayed x history: a re-run of this forward (activation checkpointing) reads what the
+    # first run read (hot.nn.replay).
+    q, s = replay.delayed_x_codes(layer, plan, rows) if plan.x_hist is not None \
+        else abc_codes(plan, rows)
     return q.contiguous(), s.contiguous(), _step_snapshot(layer) if draw else _empty(rows)
 
 
@@ -390,6 +394,12 @@ def _setup_common(ctx, out, x, w2d, key, cfg, exact, seq, need_gx, need_gw, in_f
     ctx.x_dtype, ctx.w_dtype = _DTYPE_NAMES[x_dtype], _DTYPE_NAMES[w_dtype]
     ctx.has_bias = has_bias
     ctx.traced = torch.compiler.is_compiling()
+    # The record of what a delayed x history's pass read, kept as long as this node (eagerly:
+    # a traced forward never runs again in backward).
+    ctx.x_pass = None
+    if need_gw and not (exact or recompute or ctx.traced) \
+            and config_of(cfg).hla.amax == "delayed":
+        ctx.x_pass = replay.take_last()
 
 
 def _backward_2d(ctx, gy2d, unfold=None):
@@ -405,6 +415,8 @@ def _backward_2d(ctx, gy2d, unfold=None):
             ctx.need_gx, ctx.need_gw, need_gb, ctx.in_features, ctx.x_dtype, ctx.w_dtype,
             ctx.recompute)
     gx, gw, gb = layer_bwd(*args) if ctx.traced else _layer_bwd(*args)
+    if ctx.x_pass is not None:
+        ctx.x_pass.done = True  # a later forward inside a backward is no re-run of this one
     return (gx if ctx.need_gx else None), (gw if ctx.need_gw else None), (gb if need_gb else None)
 
 

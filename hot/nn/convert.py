@@ -18,7 +18,8 @@ import torch.nn as nn
 from ..common.backend import requested_backend
 from ..common.config import HOTConfig, HOTConfigError
 from . import hfsave
-from .modules import HOT_ATTRS, HOT_BUFFERS, HOTConv2d, HOTLinear, _adopt, hot_class, original_class
+from .modules import (HOT_ATTRS, HOT_BUFFERS, HOT_STATE_KEYS, HOTConv2d, HOTLinear, _adopt,
+                      hot_class, original_class)
 from .selection import (ADAPTER, FILTERED, HEAD, UNSUPPORTED, filter_fn, linear_or_conv,
                         output_head, reason_left)
 from .summary import RECORD, summary
@@ -194,8 +195,9 @@ def hot_layers(model: nn.Module):
 
 
 def plain_state_dict(model: nn.Module) -> dict:
-    """``model.state_dict()`` without HOT's buffers: what the unconverted model loads with
-    strict=True (and what to hand to save_pretrained or a plain checkpoint). A HOT checkpoint
-    for resuming keeps them: use model.state_dict() there."""
-    names = {f"{fqn}.{b}" if fqn else b for fqn, _ in hot_layers(model) for b in HOT_BUFFERS}
+    """``model.state_dict()`` without HOT's state (its buffers and, with HLAConfig(amax=
+    "delayed"), its histories): what the unconverted model loads with strict=True (and what to
+    hand to save_pretrained or a plain checkpoint). A HOT checkpoint for resuming keeps them:
+    use model.state_dict() there."""
+    names = {f"{fqn}.{b}" if fqn else b for fqn, _ in hot_layers(model) for b in HOT_STATE_KEYS}
     return {k: v for k, v in model.state_dict().items() if k not in names}

@@ -1,7 +1,9 @@
 """HOT's buffers stay out of HuggingFace ``save_pretrained``, and in ``state_dict``.
 
-``hot_step`` and ``hot_lqs`` are persistent buffers: a checkpoint to resume HOT training
-(``torch.save(model.state_dict())``, ``hot train``'s checkpoints, DCP) must carry them. A
+``hot_step`` and ``hot_lqs`` are persistent buffers, and a layer with HLAConfig(amax="delayed")
+adds its histories (``hot_hist_x``, ``hot_hist_gy``) to its state dict: a checkpoint to resume
+HOT training (``torch.save(model.state_dict())``, ``hot train``'s checkpoints, DCP) must carry
+them. A
 ``save_pretrained`` folder is for the architecture's own class, which has no such keys, so
 ``from_pretrained`` would print them as unexpected. transformers' models skip the names in their
 instance attribute ``_keys_to_ignore_on_save`` (exact names, relative to that model) when they
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from .modules import HOT_BUFFERS, HOTConv2d, HOTLinear
+from .modules import HOT_STATE_KEYS, HOTConv2d, HOTLinear
 
 _ATTR = "_keys_to_ignore_on_save"
 
@@ -25,7 +27,7 @@ def _declares(mod: nn.Module) -> bool:
 
 
 def _is_hot_key(key: str) -> bool:
-    return key.rpartition(".")[2] in HOT_BUFFERS
+    return key.rpartition(".")[2] in HOT_STATE_KEYS
 
 
 def refresh(model: nn.Module) -> None:
@@ -35,5 +37,5 @@ def refresh(model: nn.Module) -> None:
             continue
         keys = {k for k in (getattr(mod, _ATTR, None) or ()) if not _is_hot_key(k)}
         keys |= {f"{fqn}.{b}" if fqn else b for fqn, m in mod.named_modules()
-                 if isinstance(m, (HOTLinear, HOTConv2d)) for b in HOT_BUFFERS}
+                 if isinstance(m, (HOTLinear, HOTConv2d)) for b in HOT_STATE_KEYS}
         setattr(mod, _ATTR, keys)

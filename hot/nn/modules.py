@@ -25,6 +25,11 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 # What _hot_init adds to a module (unconvert removes exactly these).
 HOT_BUFFERS = ("hot_step", "hot_lqs")
+# The state-dict names of the delayed HLA histories (HLAConfig.amax = "delayed"): entries of the
+# state dict, not buffers (DDP would broadcast buffers every step; each rank keeps its own).
+HOT_HISTORIES = {ABC_X: "hot_hist_x", GY_HLA: "hot_hist_gy"}
+# Every state-dict entry of HOT's own (hot.plain_state_dict and HF's save leave them out).
+HOT_STATE_KEYS = HOT_BUFFERS + tuple(HOT_HISTORIES.values())
 HOT_ATTRS = ("hot_config", "hot_name", "hot_backend", "hot_id", "hot_lqs_stats", "_hot_resolved",
              "_hot_step_value", "_hot_lqs_value", "_hot_exact_phase", "_hot_key", "_hot_hist",
              "_hot_config_key", "_hot_run_config")
@@ -102,9 +107,10 @@ class _HOTMixin:
         ``dev`` (default: the weight's) where there are none of the right size there, made
         when the config asks for them rather than at a layer's first pass: a first pass inside
         a CUDA graph's warm-up would otherwise allocate them from the graph's private pool.
-        Not buffers: DDP would broadcast them every step and the state dict would keep them;
-        _apply moves them with the module. ``config``: the config they are for (default: the
-        layer's; a backward runs with its forward's)."""
+        Not buffers (DDP would broadcast them every step): the state dict carries them as
+        hot_hist_x / hot_hist_gy (_save_to_state_dict); _apply moves them with the module.
+        ``config``: the config they are for (default: the layer's; a backward runs with its
+        forward's)."""
         if (config or self.hot_config).hla.amax != "delayed":
             return
         dev = self.weight.device if dev is None else dev
@@ -186,6 +192,40 @@ class _HOTMixin:
         if choice == LQS_UNDECIDED:
             self.hot_lqs_stats = _fresh_lqs_stats()
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.hot_config.hla.amax != "delayed":
+            return
+        hists = self.__dict__.get("_hot_hist", {})
+        for operand, name in HOT_HISTORIES.items():
+            h = hists.get(operand)
+            if h is not None:
+                destination[prefix + name] = h if keep_vars else h.detach()
+
+    def _hot_load_histories(self, state_dict, prefix, unexpected_keys, error_msgs) -> None:
+        """The delayed histories from a state dict's hot_hist_x / hot_hist_gy, where the layer
+        keeps histories (its config's amax is "delayed"; else they are not its state and are
+        left). A state dict without them (a plain one, or one of amax "current") leaves the
+        layer's. Written in place where the layer has them (a captured CUDA graph keeps
+        reading the same memory)."""
+        for operand, name in HOT_HISTORIES.items():
+            key = prefix + name
+            if key in unexpected_keys:
+                unexpected_keys.remove(key)
+            v = state_dict.get(key)
+            if v is None or self.hot_config.hla.amax != "delayed":
+                continue
+            n = self.hot_in_features() if operand == ABC_X else self.weight.shape[0]
+            if v.dim() != 1 or v.numel() != n or not v.dtype.is_floating_point:
+                error_msgs.append(f"HOT layer {self.hot_name!r}: {key} must be {n} floats (one "
+                                  f"per channel), got shape {tuple(v.shape)} {v.dtype}")
+                continue
+            self._hot_make_histories()
+            h = self.__dict__.get("_hot_hist", {}).get(operand)
+            if h is not None:  # (none on the meta device)
+                with torch.no_grad():
+                    h.copy_(v)
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # A plain model's checkpoint has no hot_* buffers: the layer keeps its state. With them,
@@ -206,6 +246,7 @@ class _HOTMixin:
                 missing_keys.remove(prefix + k)
         if "_hot_step_value" in self.__dict__:
             self._hot_materialize_state()
+            self._hot_load_histories(state_dict, prefix, unexpected_keys, error_msgs)
             if self.hot_step.device.type != "meta":
                 self.hot_step.fill_(self._hot_step_value)
                 self.hot_lqs.fill_(self._hot_lqs_value)

@@ -125,8 +125,8 @@ def hla_history(layer, cfg: HOTConfig, operand: int, device: torch.device) -> Op
     in_features, GY_HLA: g_y's out_features) under HLAConfig.amax = "delayed", else None. Zeros
     at first (quant.delayed_scale then takes the pass's own absmax). The layer makes them with
     its config and moves them with itself (_HOTMixin._hot_make_histories); they are made
-    again here only for data on another device than the layer's weight. Not in the state
-    dict: after a restart the first pass takes its own absmax, as the first step did."""
+    again here only for data on another device than the layer's weight. The layer's state
+    dict carries them (hot_hist_x, hot_hist_gy), so a resumed run continues with them."""
     if cfg.hla.amax != "delayed":
         return None
     h = layer.__dict__.get("_hot_hist", {}).get(operand)
