@@ -37,8 +37,10 @@ from .shapes import LayerShape
 
 
 def analytic_layer_bytes(s: LayerShape, method: str, rank: int = 8, hla_bits=8,
-                         input_needs_grad: bool = True) -> int:
-    """Analytic bytes that layer ``s`` saves for backward under ``method``."""
+                         input_needs_grad: bool = True, drawn: bool = False) -> int:
+    """Analytic bytes that layer ``s`` saves for backward under ``method``; ``drawn``: HLA's
+    rows are drawn (HLAConfig.selection "stratified"), so the forward also keeps an 8-byte copy
+    of its step counter beside the codes."""
     if s.kind == "conv" and s.groups != 1 and method.startswith("hot"):
         method = "fp32" if method == "hot" else "bf16"  # HOT leaves grouped convs standard
     w_grad = s.trainable
@@ -51,7 +53,7 @@ def analytic_layer_bytes(s: LayerShape, method: str, rank: int = 8, hla_bits=8,
         return (2 * s.x_numel if w_grad else 0) + (2 * s.O * s.I if keeps_w else 0)
     if method in ("hot", "hot-bf16"):
         per = 1 if hla_bits else 4
-        abc = per * math.ceil(s.L / 16) * rank * s.I + 4 * s.I if w_grad else 0
+        abc = per * math.ceil(s.L / 16) * rank * s.I + 4 * s.I + 8 * drawn if w_grad else 0
         return abc + (2 * s.O * s.I if method == "hot-bf16" and input_needs_grad else 0)
     raise ValueError(f"no analytic memory model for method {method!r}")
 

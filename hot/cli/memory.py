@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..analysis import memory as M
+from ..common.config import DRAWN_SELECTIONS
 from ..analysis.saved import OTHER, SavedTensorMeter
 from ..analysis.shapes import layer_shapes
 from . import argtypes as T
@@ -75,10 +76,12 @@ def run(args) -> int:
         loss.backward()
         peak = (torch.cuda.max_memory_allocated(device) - start) if device.type == "cuda" else None
         analytic, model_name = {}, method.cost.memory
-        hla = (mcfg or cfg).hla
+        run = mcfg or cfg
+        hla = run.hla
         for s in shapes:
+            drawn = run.for_layer(s.kind == "conv").hla.selection in DRAWN_SELECTIONS
             analytic[s.name] = analytic.get(s.name, 0) + M.analytic_layer_bytes(
-                s, model_name, hla.rank, hla.bits, s.input_requires_grad) \
+                s, model_name, hla.rank, hla.bits, s.input_requires_grad, drawn) \
                 if model_name is not None else None
         # None where no analytic model describes the method: no total is better than a wrong one
         an_act = sum(analytic.values()) if model_name is not None else None

@@ -8,7 +8,9 @@ SMALL = ["--batch", 8, "--vit-dim", 32, "--vit-depth", 1, "--device", "cpu"]
 
 
 def test_inspect_hot_default(run_cli):
-    rc, d = run_cli("inspect", "tiny-vit", *SMALL, "--dataset", "mnist-5k")
+    # the paper's quantizers (the thresholds below derive from them)
+    rc, d = run_cli("inspect", "tiny-vit", *SMALL, "--dataset", "mnist-5k", "--hq-bits", "4",
+                    "--hla-selection", "lowpass")
     assert rc == 0
     assert len(d["layers"]) == 6
     for r in d["layers"]:
@@ -88,7 +90,7 @@ def test_fidelity_reports_no_gradient_instead_of_inf_and_nan():
     m, x = _Gated(), torch.randn(32, 16)
     y = torch.randint(0, 4, (32,))
     rows = {r["layer"]: r for r in model_fidelity(
-        m, lambda mod: torch.nn.functional.cross_entropy(mod(x), y), hot.HOTConfig())}
+        m, lambda mod: torch.nn.functional.cross_entropy(mod(x), y), hot.HOTConfig.paper())}
     a, b = rows["a"], rows["b"]
     assert a["no_gradient"] and not b["no_gradient"]
     for path in ("g_x", "g_W"):

@@ -14,8 +14,10 @@ def fp32_bytes(L, I):
     return 4 * L * I  # the fp32 input x
 
 
-def hot_bytes(L, I, r=8):
-    return math.ceil(L / 16) * r * I + 4 * I  # int8 HLA coefficients + one fp32 scale per channel
+def hot_bytes(L, I, r=8, drawn=True):
+    # int8 HLA coefficients + one fp32 scale per channel (+ the forward's 8-byte step with
+    # HOTConfig()'s drawn rows on a Linear layer)
+    return math.ceil(L / 16) * r * I + 4 * I + 8 * drawn
 
 
 def test_memory_per_layer_matches_formula(run_cli, tmp_path):

@@ -71,7 +71,7 @@ def test_cli_trains_a_language_model(run_cli, tmp_path):
                     "--batch-size", 16, "--max-len", 32, "--max-steps", 2, "--out", out)
     assert rc == 0, d
     assert d["steps"] == 2 and math.isfinite(d["val_ppl"]) and d["val_sequences"] == 16
-    assert d["spec"]["seq"] == 32 and d["spec"]["hot_config"]["hq"]["bits"] == 4
+    assert d["spec"]["seq"] == 32 and d["spec"]["hot_config"]["hq"]["bits"] == "auto"
     assert {p.name for p in out.iterdir()} == {"metrics.json", "metrics.csv", "model.pt"}
     assert json.loads((out / "metrics.json").read_text())["val_ppl"] == d["val_ppl"]
     # A second run into the same folder stops before training and leaves the results as they are.

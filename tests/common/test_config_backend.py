@@ -61,12 +61,14 @@ def test_hlq_preset_is_the_paper_without_abc_and_lqs():
 
 
 def test_paper_and_exact_presets():
-    p = HOTConfig()
-    assert p == HOTConfig.paper()
-    assert (p.hq.bits, p.hla.rank, p.hla.bits, p.hq.gy_scale) == (4, 8, 8, "auto")
+    p = HOTConfig.paper()
+    assert (p.hq.bits, p.hla.rank, p.hla.bits, p.hla.selection, p.hq.gy_scale) == \
+        (4, 8, 8, "lowpass", "auto")
+    d = HOTConfig()  # the paper's method with drawn HLA rows and HQ's width by device
+    assert d == p.replace(hq={"bits": "auto"}, hla={"selection": "auto"})
     e = HOTConfig.exact()
     assert (e.hq.bits, e.hla.rank, e.hla.bits) == (None, 16, None)
-    assert HOTConfig.from_dict(p.replace(int8_steps=3, hla={"rank": 4}).to_dict()) == \
+    assert HOTConfig.from_dict(d.replace(int8_steps=3, hla={"rank": 4}).to_dict()) == \
         HOTConfig(int8_steps=3, hla=HLAConfig(rank=4))
 
 

@@ -55,7 +55,7 @@ def test_hot_converts_every_linear_of_the_decoder():
     m = llama_decoder(**SMALL)
     linears = sum(isinstance(x, nn.Linear) for x in m.modules())
     assert linears == 7 * SMALL["layers"] + 1  # q k v o gate up down per layer, lm_head
-    hot.convert(m, backend="reference")
+    hot.convert(m, convert_head=True, backend="reference")
     assert len(hot.hot_layers(m)) == linears
 
 

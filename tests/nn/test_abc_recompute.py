@@ -247,6 +247,8 @@ def test_auto_linear_after_relu_keeps_nothing_of_its_own():
     x = torch.randn(48, 32)
     _, kept_save, _ = saved_by_forward(hot.convert(copy.deepcopy(base), SAVE,
                                                    backend="reference"), x)
+    # (a drawn selection also keeps the forward's 8-byte step beside the codes: not counted)
+    kept_save = [t for t in kept_save if not is_abc_seed(t)]
     m = hot.convert(copy.deepcopy(base), AUTO, backend="reference")
     y, kept_auto, _ = saved_by_forward(m, x)
     kept_auto = [t for t in kept_auto if not is_abc_seed(t)]

@@ -118,7 +118,7 @@ def test_hla_gw_with_int8_is_unbiased_for_the_projected_gradient():
     torch.manual_seed(1)
     n_tok, i_f, o_f = 40, 12, 20  # L = 40 is padded to 48
     lin = nn.Linear(i_f, o_f, bias=False)
-    model = hot_copy(wrap(lin), hot.HOTConfig())
+    model = hot_copy(wrap(lin), hot.HOTConfig.paper())
     x = torch.randn(n_tok, i_f)  # no g_x path
     gy = torch.randn(n_tok, o_f)
     target = gy.double().T @ projector(n_tok, 8) @ x.double()
@@ -172,7 +172,8 @@ def test_low_rank_without_quantization_is_the_projected_gradient(rank, selection
 def test_low_rank_projection_for_conv_tokens():
     """Conv2d: the token axis is (image, output position); same projector identity."""
     torch.manual_seed(3)
-    cfg = hot.HOTConfig(hq=hot.HQConfig(bits=None), hla=hot.HLAConfig(rank=4, bits=None))
+    cfg = hot.HOTConfig(hq=hot.HQConfig(bits=None),
+                        hla=hot.HLAConfig(rank=4, selection="lowpass", bits=None))
     conv = nn.Conv2d(2, 5, 3, padding=1, bias=False).double()
     model = hot_copy(wrap(conv), cfg)
     x = torch.randn(2, 2, 5, 3, dtype=torch.float64)  # 30 tokens
@@ -194,7 +195,8 @@ def _sequence_wise(gy, x, rank):
 
 def test_sequence_blocking_pads_each_sequence_separately():
     torch.manual_seed(4)
-    base = hot.HOTConfig(hq=hot.HQConfig(bits=None), hla=hot.HLAConfig(rank=8, bits=None))
+    base = hot.HOTConfig(hq=hot.HQConfig(bits=None),
+                         hla=hot.HLAConfig(rank=8, selection="lowpass", bits=None))
     lin = nn.Linear(6, 5, bias=False).double()
     # 19 tokens per sequence -> 32 each. An odd length matters: lowpass rank 8 is the average
     # over aligned token pairs (see test_walsh), so an even length would give the same pairs
@@ -216,7 +218,8 @@ def test_sequence_blocking_pads_each_sequence_separately():
 def test_sequence_blocking_for_conv_uses_one_sequence_per_image():
     torch.manual_seed(5)
     cfg = hot.HOTConfig(hq=hot.HQConfig(bits=None),
-                        hla=hot.HLAConfig(rank=2, bits=None, blocking="sequence"))
+                        hla=hot.HLAConfig(rank=2, selection="lowpass", bits=None,
+                                          blocking="sequence"))
     conv = nn.Conv2d(2, 3, (1, 2), bias=False).double()
     model = hot_copy(wrap(conv), cfg)
     x = torch.randn(2, 2, 4, 6, dtype=torch.float64)  # 4 x 5 = 20 positions per image
