@@ -5,7 +5,8 @@ and LQS measures the transformed g_y with them on any backend.
 
     hq_transform(x (R, C))                  = pad(x) @ (I (x) H16)        (R, C16)
     hla_transform(x (L, C), rank, selection) = ((I (x) T_r) pad(x))^T      (C, L16 / 16 * rank)
-    drawn_transform(x (L, C), rank, seed)     = (((I (x) T_r) D pad(x))^T, ((I (x) F) D pad(x))^T)
+    drawn_transform(x (L, C), rank, seed)     = (((I (x) T_r) D pad(x))^T, the column absmax of
+                                                 (I (x) F) D pad(x))
 
 in float32 (float64 stays float64); H16 = hadamard16(), T_r = hla_matrix(rank, selection)
 (hot.common.walsh); pad = zero columns / rows up to a multiple of 16. For the drawn selection
@@ -98,16 +99,18 @@ def hla_transform(x: torch.Tensor, rank: int, selection: str, draw: "int | None"
 
 def drawn_transform(x: torch.Tensor, rank: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """HLA's "stratified" selection with draw seed ``seed`` for a 2-D x (L, C): (the kept
-    coefficients (C, L16 / 16 * rank), every weighted coefficient (C, L16)): each block's rows
-    times its token signs, then the 16 weighted Walsh rows, of which the kept ones are a subset
-    (hot.common.walsh)."""
+    coefficients (C, L16 / 16 * rank), each column's absmax over every weighted coefficient
+    (C,)): each block's rows times its token signs, then the 16 weighted Walsh rows, of which
+    the kept ones are a subset (hot.common.walsh)."""
     if seed is None:
         raise ValueError("a drawn HLA selection needs its draw seed (HLAArgs.draw)")
     xb = _blocks(x)
     signs = draw_signs(block_draws(int(seed), xb.shape[0], x.device)).to(xb.dtype)
     full = torch.matmul(_full_cpu(rank, xb.dtype).to(x.device), xb * signs[:, :, None])
     kept = full[:, list(hla_rows(rank, "stratified"))]
-    return _columns(kept), _columns(full)
+    # max(-min, max) as quant.absmax: no |full| temporary, NaN propagates
+    amax = torch.maximum(-full.amin((0, 1)), full.amax((0, 1)))
+    return _columns(kept), amax
 
 
 def hla_untransform(coef: torch.Tensor, rank: int, selection: str, length: int) -> torch.Tensor:

@@ -35,9 +35,13 @@ def hla_quantize(x: torch.Tensor, a: HLAArgs) -> Quantized:
     if a.selection in DRAWN_SELECTIONS:
         if a.draw is None:
             raise ValueError(f"hla_quantize: selection {a.selection!r} needs HLAArgs.draw")
-        t, full = drawn_transform(x, a.rank, quant.seed_value(a.draw))
-        scale = quant.absmax_scale(full, a.bits, ops.ScaleMode(a.scale_mode).value) \
-            if a.bits else None
+        t, amax = drawn_transform(x, a.rank, quant.seed_value(a.draw))
+        scale = None
+        if a.bits:  # quant.absmax_scale of all 16 weighted rows (per column, or per tensor)
+            amax = amax.to(torch.float32).reshape(-1, 1)
+            if ops.ScaleMode(a.scale_mode) == ops.ScaleMode.TENSOR:
+                amax = amax.amax().reshape(1, 1)
+            scale = torch.where(amax == 0, torch.ones_like(amax), amax / quant.qmax(a.bits))
         return _finish(t, a.bits, a.scale_mode, a.stochastic, a.seed, scale)
     t = hla_transform(x, a.rank, a.selection)
     if a.history is None:

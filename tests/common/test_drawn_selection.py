@@ -48,15 +48,17 @@ def test_block_draws_are_uniform_and_follow_the_seed():
 
 def test_drawn_transform_is_the_per_block_matrix_product():
     x = torch.randn(40, 3, dtype=torch.float64)
-    coef, full = drawn_transform(x, 8, 77)
+    coef, amax = drawn_transform(x, 8, 77)
     m = quant.block_draws(77, 3)
     xp = torch.nn.functional.pad(x, (0, 0, 0, 8)).reshape(3, 16, 3)
     want = torch.stack([_t(8, int(m[j])) @ xp[j] for j in range(3)])  # (nb, 8, C)
     torch.testing.assert_close(coef, want.permute(2, 0, 1).reshape(3, 24))
-    assert full.shape == (3, 48)
+    full = torch.stack([walsh.full_matrix(8) * walsh.draw_signs(m[j]).double()[None, :] @ xp[j]
+                        for j in range(3)])
+    torch.testing.assert_close(amax, full.abs().amax((0, 1)))
     assert torch.equal(hla_transform(x, 8, "stratified", 77), coef)
     # the all-row absmax does not depend on the draw (rows only move inside a band)
-    torch.testing.assert_close(drawn_transform(x, 8, 78)[1].abs().amax(1), full.abs().amax(1))
+    torch.testing.assert_close(drawn_transform(x, 8, 78)[1], amax)
 
 
 def test_config_errors_name_the_fix():
