@@ -85,7 +85,8 @@ def test_a_new_recipe_reaches_every_tool_without_editing_them(throwaway, run_cli
     rc, m = run_cli("memory", *TINY_VIT, "--methods", "throwaway", "--no-plot")
     assert rc == 0 and m["methods"]["throwaway"]["hot_config"]["hla"]["rank"] == 4
     qkv = m["methods"]["throwaway"]["layers"]["blocks.0.attn.qkv"]
-    assert qkv["analytic"] == math.ceil(4 * TOKENS / 16) * 4 * 32 + 4 * 32
+    # rank-4 codes, one scale per channel, and the 8-byte step of HOTConfig()'s drawn rows
+    assert qkv["analytic"] == math.ceil(4 * TOKENS / 16) * 4 * 32 + 4 * 32 + 8
     rc, t = run_cli("train", "--method", "throwaway", "--dataset", "mnist-5k", "--train-size", 64,
                     "--test-size", 32, "--batch-size", 32, "--vit-dim", 32, "--vit-depth", 1,
                     "--max-steps", 1, "--device", "cpu", "--no-plot", "--out", tmp_path / "t")

@@ -118,7 +118,7 @@ def test_a_drawn_selection_also_keeps_its_step():
     copy of the step counter (8 bytes), so that backward draws g_y's rows alike."""
     torch.manual_seed(0)
     model = hot_copy(wrap(nn.Linear(48, 32)), hot.HOTConfig())
-    assert model[0].hot_config.hla.selection == "stratified"
+    assert model[0].hot_run_config.hla.selection == "stratified"
     x = torch.randn(4, 64, 48, requires_grad=True)
     _, others, _ = saved_by_forward(model, x)
     steps = [t for t in others if t.dtype == torch.int64]
