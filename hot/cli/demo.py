@@ -17,7 +17,7 @@ from .common import (CLIError, add_hot_args, add_json_flag, add_threads_flag, ap
 from .outputs import add_overwrite_flag, claim, write_text
 from .trainer import RunSpec, train_run
 
-# Sized so that FP32 + HOT (reference backend) + 6 evaluations + plot take about 4.5 minutes on
+# Sized so that FP32 + HOT (reference backend) + 6 evaluations + plot take about 5 minutes on
 # two CPU cores (the CI's 2-vCPU VM); docs/cli.md has the measurements and the accuracy gap.
 DEFAULTS = dict(train_size=20000, test_size=10000, epochs=3, batch_size=128, dim=64, depth=4,
                 patch=4)

@@ -12,7 +12,7 @@ from .errors import (EXIT_ERROR, EXIT_INTERRUPTED, UsageError, debug_enabled, de
                      print_traceback, report)
 
 EPILOG = """examples:
-  hot demo                                  FP32 vs HOT on Fashion-MNIST, about 4.5 min on 2 CPU cores
+  hot demo                                  FP32 vs HOT on Fashion-MNIST, about 5 min on 2 CPU cores
   hot train --dataset mnist-5k --method hot --epochs 2
   hot train --model minilm --dataset rotten-tomatoes --method hot --lora-r 8
   hot memory vit_base_patch16_224 --batch 8 --input-shape 3,224,224

@@ -42,3 +42,16 @@ def run_text():
         return rc, out.getvalue(), err.getvalue()
 
     return run
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished 2-epoch fp32 run with per-epoch checkpoints (trained once for the module)."""
+    from run_folders import TINY
+
+    d = tmp_path_factory.mktemp("finished") / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["train", *map(str, TINY), "--method", "fp32", "--epochs", "2",
+                   "--keep-checkpoints", "--out", str(d)])
+    assert rc == 0
+    return d

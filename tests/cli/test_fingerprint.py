@@ -10,28 +10,7 @@ import pytest
 from hot.bench import study
 from hot.cli import fingerprint
 
-TINY = ["--dataset", "mnist-5k", "--train-size", 128, "--test-size", 64, "--batch-size", 64,
-        "--vit-dim", 32, "--vit-depth", 1, "--device", "cpu", "--no-plot"]
-
-
-def snapshot(folder):
-    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir()}
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """A finished 2-epoch fp32 run with per-epoch checkpoints."""
-    import contextlib
-    import io
-
-    from hot.cli.main import main
-
-    d = tmp_path_factory.mktemp("fp") / "run"
-    with contextlib.redirect_stdout(io.StringIO()):
-        rc = main(["train", *map(str, TINY), "--method", "fp32", "--epochs", "2",
-                   "--keep-checkpoints", "--out", str(d)])
-    assert rc == 0
-    return d
+from run_folders import TINY, snapshot
 
 
 def test_metrics_and_checkpoint_record_the_fingerprint(finished):

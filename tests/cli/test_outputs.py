@@ -7,29 +7,7 @@ import shutil
 import pytest
 import torch
 
-TINY = ["--dataset", "mnist-5k", "--train-size", 128, "--test-size", 64, "--batch-size", 64,
-        "--vit-dim", 32, "--vit-depth", 1, "--device", "cpu", "--no-plot"]
-
-
-def snapshot(folder):
-    """{name: (bytes, mtime_ns)} of every file in ``folder``."""
-    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir()}
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """A finished 2-epoch fp32 run with per-epoch checkpoints (trained once for the module)."""
-    import contextlib
-    import io
-
-    from hot.cli.main import main
-
-    d = tmp_path_factory.mktemp("finished") / "run"
-    with contextlib.redirect_stdout(io.StringIO()):
-        rc = main(["train", *map(str, TINY), "--method", "fp32", "--epochs", "2",
-                   "--keep-checkpoints", "--out", str(d)])
-    assert rc == 0
-    return d
+from run_folders import TINY, snapshot
 
 
 def copy_of(finished, tmp_path):

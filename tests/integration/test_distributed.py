@@ -184,10 +184,7 @@ def _bad_gy_worker(rank: int, world: int, port: int, out: dict):
                 gy = gy * 0 if bad == "zero" else gy.index_put_((torch.tensor([0]),),
                                                                 torch.tensor(float("nan")))
             net(x).backward(gy)
-            lqs = torch.tensor([m.hot_lqs_value() for _, m in hot.hot_layers(net)])
-            lqs_all = [torch.empty_like(lqs) for _ in range(world)]
-            dist.all_gather(lqs_all, lqs)
-            decided.append((lqs_all[0].tolist(), all(torch.equal(lqs_all[0], t) for t in lqs_all)))
+            decided.append(_lqs_of_every_rank(net, world))
         if rank == 0:
             out["decided"] = decided
         _finish()
@@ -204,6 +201,14 @@ def test_lqs_calibration_survives_a_rank_with_zero_or_nan_g_y():
     assert equal1 and equal2, "LQS decided differently on different ranks"
     # The last layer's g_y: rank 0's first pass is usable, so both ranks decide after it.
     assert first[-1] in (0, 1) and second == first
+
+
+def _lqs_of_every_rank(net: nn.Module, world: int) -> tuple[list, bool]:
+    """(rank 0's LQS decisions of net's HOT layers, whether every rank holds the same)."""
+    lqs = torch.tensor([m.hot_lqs_value() for _, m in hot.hot_layers(net)])
+    lqs_all = [torch.empty_like(lqs) for _ in range(world)]
+    dist.all_gather(lqs_all, lqs)
+    return lqs_all[0].tolist(), all(torch.equal(lqs_all[0], t) for t in lqs_all)
 
 
 def _empty_batch_worker(rank: int, world: int, port: int, out: dict):
@@ -223,10 +228,7 @@ def _empty_batch_worker(rank: int, world: int, port: int, out: dict):
             rows = 0 if (rank == 1 and step == 0) else 48
             x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(step * 2 + rank))
             ddp(x).square().sum().backward()
-            lqs = torch.tensor([m.hot_lqs_value() for _, m in hot.hot_layers(net)])
-            lqs_all = [torch.empty_like(lqs) for _ in range(world)]
-            dist.all_gather(lqs_all, lqs)
-            decided.append((lqs_all[0].tolist(), all(torch.equal(lqs_all[0], t) for t in lqs_all)))
+            decided.append(_lqs_of_every_rank(net, world))
         if rank == 0:
             out["decided"] = decided
         del ddp
