@@ -152,19 +152,20 @@ def sequence_length(v: str) -> int:
     return n
 
 
+def _parts(v: str, empty: str) -> tuple[str, ...]:
+    """The comma-separated non-empty parts of v, each once; ``empty`` is the error's text when
+    there is none."""
+    parts = tuple(dict.fromkeys(p.strip() for p in v.split(",") if p.strip()))
+    if not parts:
+        raise argparse.ArgumentTypeError(f"{v!r} {empty}")
+    return parts
+
+
 def name_list(v: str) -> tuple[str, ...]:
     """Comma-separated non-empty parts of layer names, each once."""
-    names = tuple(dict.fromkeys(p.strip() for p in v.split(",") if p.strip()))
-    if not names:
-        raise argparse.ArgumentTypeError(f"{v!r} names no layer; give parts of layer names, "
-                                         f"e.g. attn or qkv,proj.")
-    return names
+    return _parts(v, "names no layer; give parts of layer names, e.g. attn or qkv,proj.")
 
 
 def pattern_list(v: str) -> tuple[str, ...]:
     """Comma-separated non-empty layer-name patterns, each once."""
-    pats = tuple(dict.fromkeys(p.strip() for p in v.split(",") if p.strip()))
-    if not pats:
-        raise argparse.ArgumentTypeError(f"{v!r} holds no pattern; give layer-name patterns, "
-                                         f"e.g. head or blocks.0.*,head.")
-    return pats
+    return _parts(v, "holds no pattern; give layer-name patterns, e.g. head or blocks.0.*,head.")

@@ -196,11 +196,17 @@ def _bad_gy_worker(rank: int, world: int, port: int, out: dict):
 def test_lqs_calibration_survives_a_rank_with_zero_or_nan_g_y():
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
-    res = _run_two_ranks(_bad_gy_worker)
-    (first, equal1), (second, equal2) = res["decided"]
-    assert equal1 and equal2, "LQS decided differently on different ranks"
+    first, second = _decisions(_bad_gy_worker)
     # The last layer's g_y: rank 0's first pass is usable, so both ranks decide after it.
     assert first[-1] in (0, 1) and second == first
+
+
+def _decisions(worker) -> tuple[list, list]:
+    """Rank 0's LQS decisions after each of ``worker``'s two passes on two ranks, checked equal
+    on every rank."""
+    (first, equal1), (second, equal2) = _run_two_ranks(worker)["decided"]
+    assert equal1 and equal2, "LQS decided differently on different ranks"
+    return first, second
 
 
 def _lqs_of_every_rank(net: nn.Module, world: int) -> tuple[list, bool]:
@@ -241,7 +247,5 @@ def _empty_batch_worker(rank: int, world: int, port: int, out: dict):
 def test_lqs_calibration_with_an_empty_local_batch_keeps_the_collectives_matched():
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
-    res = _run_two_ranks(_empty_batch_worker)
-    (first, equal1), (second, equal2) = res["decided"]
-    assert equal1 and equal2, "LQS decided differently on different ranks"
+    first, second = _decisions(_empty_batch_worker)
     assert all(c in (0, 1) for c in first) and second == first  # decided on the first pass
