@@ -2,13 +2,16 @@
 
 HOT changes only the backward pass of nn.Linear and nn.Conv2d layers:
 
-* HQ  (g_x path): 16-point block Hadamard along output channels, 4-bit operands.
-* HLA (g_W path): Hadamard low-rank projection along tokens, r of 16 coefficients, INT8.
+* HQ  (g_x path): 16-point block Hadamard along output channels, 4-bit operands (8-bit where the
+  GPU has no INT4 tensor cores, e.g. Hopper, and on CPUs).
+* HLA (g_W path): Hadamard low-rank approximation along tokens, r of 16 coefficients, INT8; by
+  default the rows are drawn per block so that g_W is unbiased (HOTConfig.paper(): the paper's
+  fixed low-pass rows).
 * ABC: the forward saves only the INT8 low-rank copy of the layer input.
 * LQS: each layer chooses per-token or per-tensor g_y scaling from its own statistics.
 
     import hot
-    hot.convert(model)            # the paper's setting; HOTConfig.exact() for exact gradients
+    hot.convert(model)            # HOTConfig(); HOTConfig.paper(), HOTConfig.exact() (exact grads)
 """
 
 from . import reference  # noqa: F401  (registers the reference backend and the default ops)

@@ -86,7 +86,8 @@ def convert(
 ) -> nn.Module:
     """Make the nn.Linear and groups=1 nn.Conv2d layers of ``model`` HOT layers; returns the model.
 
-    config: HOTConfig (default: the paper's setting). Layers that are already HOT layers and
+    config: HOTConfig (default: HOTConfig(); HOTConfig.paper() is the paper's setting).
+        Layers that are already HOT layers and
         pass the filter take this config (their step counters and LQS decisions are kept).
     module_filter_fn: ``module_filter_fn(module, fqn) -> bool`` (torchao's signature); only
         modules for which it returns True convert.
