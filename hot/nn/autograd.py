@@ -63,7 +63,7 @@ import functools
 import itertools
 import math
 import weakref
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -267,25 +267,41 @@ linear_fwd = _def("linear_fwd(Tensor x2d, Tensor w, Tensor? b, int key, bool nee
                   _linear_fwd, _linear_fwd_fake)
 
 
+class CallFlags(NamedTuple):
+    """The constants of one HOT layer call, read from the layer (while tracing, dynamo guards on
+    each): the config backward runs with, which gradients are needed, and what fixes the saved
+    tensors' shapes. Everything after ``cfg_key`` is, in order, the forward operators'
+    arguments after the data (hot::linear_fwd, hot::conv_fwd)."""
+
+    cfg_key: int  # names the config the backward runs with (state.config_key)
+    need_gx: bool
+    need_gw: bool
+    exact: bool  # the exact phase: x is kept, gradients are autograd's
+    seq: int  # rows per sequence for blocking "sequence", else 0
+    rank: int  # HLA's rank, bits (0: none) and per-channel scales
+    bits: int
+    row: bool
+    recompute: bool  # the ABC codes are formed in backward from a kept x
+    draw: bool  # HLA's rows are drawn (the forward keeps its step)
+
+
 class LinearFn(torch.autograd.Function):
     """hot::linear_fwd with its backward (hot::layer_bwd)."""
 
     # forward(ctx, ...) rather than forward + setup_context: Function.apply binds the arguments
     # of a setup_context Function through inspect.signature on every call (host time).
     @staticmethod
-    def forward(ctx, x2d, w, b, key, cfg, need_gx, need_gw, exact, seq, rank, bits, row,
-                recompute, draw):
-        out = _call(linear_fwd, _linear_fwd, x2d, w, b, key, need_gx, need_gw, exact, seq, rank,
-                    bits, row, recompute, draw)
-        _setup_common(ctx, out, x2d, w if need_gx else None, key, cfg, exact, seq, need_gx,
-                      need_gw, x2d.shape[1], x2d.dtype, w.dtype, recompute, draw, b is not None)
+    def forward(ctx, x2d, w, b, key, f: CallFlags):
+        out = _call(linear_fwd, _linear_fwd, x2d, w, b, key, *f[1:])
+        _setup_common(ctx, out, x2d, w if f.need_gx else None, key, f, x2d.shape[1], x2d.dtype,
+                      w.dtype, b is not None)
         return out
 
     @staticmethod
     @_first_order
     def backward(ctx, gy2d, _gq, _gs, _gstep):
         gx, gw, gb = _backward_2d(ctx, gy2d)
-        return (gx, gw, gb) + (None,) * 11
+        return gx, gw, gb, None, None
 
 
 # ---------------------------------------------------------------- conv2d
@@ -334,14 +350,11 @@ class ConvFn(torch.autograd.Function):
     """hot::conv_fwd with its backward (hot::layer_bwd, then F.fold)."""
 
     @staticmethod
-    def forward(ctx, x, w, b, key, cfg, stride, padding, dilation, need_gx, need_gw, exact, seq,
-                rank, bits, row, recompute, draw):
-        out = _call(conv_fwd, _conv_fwd, x, w, b, key, stride, padding, dilation, need_gx,
-                    need_gw, exact, seq, rank, bits, row, recompute, draw)
+    def forward(ctx, x, w, b, key, stride, padding, dilation, f: CallFlags):
+        out = _call(conv_fwd, _conv_fwd, x, w, b, key, stride, padding, dilation, *f[1:])
         # while exact, the patches (in q's place) are what backward needs of x
-        _setup_common(ctx, out, None if exact else x, w.reshape(w.shape[0], -1) if need_gx
-                      else None, key, cfg, exact, seq, need_gx, need_gw, w[0].numel(), x.dtype,
-                      w.dtype, recompute, draw, b is not None)
+        _setup_common(ctx, out, None if f.exact else x, w.reshape(w.shape[0], -1) if f.need_gx
+                      else None, key, f, w[0].numel(), x.dtype, w.dtype, b is not None)
         ctx.geom = (tuple(stride), tuple(padding), tuple(dilation))
         ctx.x_shape, ctx.w_shape = tuple(x.shape), tuple(w.shape)
         return out
@@ -362,14 +375,14 @@ class ConvFn(torch.autograd.Function):
             gx = F.fold(gx, ctx.x_shape[-2:], ctx.w_shape[-2:], dilation, padding, stride)
         if gw is not None:
             gw = gw.reshape(ctx.w_shape)
-        return (gx, gw, gb) + (None,) * 14
+        return gx, gw, gb, None, None, None, None, None
 
 
 # ---------------------------------------------------------------- shared backward
 
 
-def _setup_common(ctx, out, x, w2d, key, cfg, exact, seq, need_gx, need_gw, in_features,
-                  x_dtype, w_dtype, recompute, draw, has_bias):
+def _setup_common(ctx, out, x, w2d, key, f: CallFlags, in_features, x_dtype, w_dtype,
+                  has_bias):
     """Keep what backward needs: of x (when need_gw), x itself while exact (a conv's patches,
     out's q, in its place: ``x`` None), x and the forward's step with recompute, else the ABC
     codes (q, s) and, for a drawn selection, the forward's step; then W when need_gx."""
@@ -378,27 +391,27 @@ def _setup_common(ctx, out, x, w2d, key, cfg, exact, seq, need_gx, need_gw, in_f
     # q, s and step get no gradient: do not let autograd materialize zeros of their shapes for
     # backward (an allocation and a memset of the codes' size per call).
     ctx.set_materialize_grads(False)
-    recompute = recompute and not exact
-    if not need_gw:
+    recompute = f.recompute and not f.exact
+    if not f.need_gw:
         saved = ()
-    elif exact:
+    elif f.exact:
         saved = (q,) if x is None else (x,)
     elif recompute:
         saved = (x, None, step)
     else:
-        saved = (q, s, step) if draw else (q, s)
+        saved = (q, s, step) if f.draw else (q, s)
     ctx.n_saved, ctx.recompute = len(saved), recompute
     ctx.save_for_backward(*saved, *((w2d,) if w2d is not None else ()))
-    ctx.key, ctx.cfg, ctx.exact, ctx.seq = key, cfg, exact, seq
-    ctx.need_gx, ctx.need_gw, ctx.in_features = need_gx, need_gw, in_features
+    ctx.key, ctx.cfg, ctx.exact, ctx.seq = key, f.cfg_key, f.exact, f.seq
+    ctx.need_gx, ctx.need_gw, ctx.in_features = f.need_gx, f.need_gw, in_features
     ctx.x_dtype, ctx.w_dtype = _DTYPE_NAMES[x_dtype], _DTYPE_NAMES[w_dtype]
     ctx.has_bias = has_bias
     ctx.traced = torch.compiler.is_compiling()
     # The record of what a delayed x history's pass read, kept as long as this node (eagerly:
     # a traced forward never runs again in backward).
     ctx.x_pass = None
-    if need_gw and not (exact or recompute or ctx.traced) \
-            and config_of(cfg).hla.amax == "delayed":
+    if f.need_gw and not (f.exact or recompute or ctx.traced) \
+            and config_of(f.cfg_key).hla.amax == "delayed":
         ctx.x_pass = replay.take_last()
 
 
@@ -516,15 +529,15 @@ def _codes_nbytes(rows: int, cols: int, seq: int, h, x: torch.Tensor) -> int:
     return cols * (ops.pad_to(rows) // ops.BLOCK * h.rank) * code.itemsize + scales * 4
 
 
-def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int, copy_rows: Optional[int]):
-    """(cfg_key, need_gx, need_gw, exact, seq, rank, bits, row, recompute, draw): the constants
-    of this call; cfg_key names the config the backward runs with (state.config_key)."""
+def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int,
+           copy_rows: Optional[int]) -> CallFlags:
+    """The constants of this call (CallFlags)."""
     cfg = layer._hot_run_config
     h = cfg.hla
     exact = layer._hot_exact_phase or x.numel() == 0 or is_narrow(layer, cfg)
-    return (layer._hot_config_key, x.requires_grad, w.requires_grad, exact, seq, h.rank,
-            h.bits or 0, h.scale == "channel", _recompute(layer, x, w, seq, copy_rows),
-            draws_rows(cfg))
+    return CallFlags(layer._hot_config_key, x.requires_grad, w.requires_grad, exact, seq, h.rank,
+                     h.bits or 0, h.scale == "channel", _recompute(layer, x, w, seq, copy_rows),
+                     draws_rows(cfg))
 
 
 def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
@@ -533,8 +546,8 @@ def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
     that made x a copy)."""
     flags = _flags(layer, x, w, seq, math.prod(x.shape[:-1]) if x_cast else None)
     if x.dim() == 2:  # no views around the Function: its output is the layer's output
-        return LinearFn.apply(x, w, b, layer._hot_key, *flags)[0]
-    y2d = LinearFn.apply(x.reshape(-1, x.shape[-1]), w, b, layer._hot_key, *flags)[0]
+        return LinearFn.apply(x, w, b, layer._hot_key, flags)[0]
+    y2d = LinearFn.apply(x.reshape(-1, x.shape[-1]), w, b, layer._hot_key, flags)[0]
     return y2d.reshape(*x.shape[:-1], y2d.shape[-1])
 
 
@@ -547,5 +560,5 @@ def conv2d(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], g
         out = [(x.shape[2 + i] + 2 * padding[i] - dilation[i] * (w.shape[2 + i] - 1) - 1)
                // stride[i] + 1 for i in (0, 1)]
         rows = x.shape[0] * out[0] * out[1]
-    cfg, *flags = _flags(layer, x, w, seq, rows)
-    return ConvFn.apply(x, w, b, layer._hot_key, cfg, stride, padding, dilation, *flags)[0]
+    return ConvFn.apply(x, w, b, layer._hot_key, stride, padding, dilation,
+                        _flags(layer, x, w, seq, rows))[0]
