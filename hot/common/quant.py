@@ -244,7 +244,11 @@ def absmax_scale(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
 
     NaN/Inf propagate into the scale; all-zero groups get scale 1.
     """
-    amax = absmax(x, mode)
+    return amax_scale(absmax(x, mode), bits)
+
+
+def amax_scale(amax: torch.Tensor, bits: int) -> torch.Tensor:
+    """scale = amax / qmax, 1 where amax == 0 (NaN/Inf propagate): absmax_scale from its amax."""
     scale = amax / qmax(bits)
     return torch.where(amax == 0, torch.ones_like(scale), scale)
 

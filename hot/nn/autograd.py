@@ -72,9 +72,8 @@ from torch.autograd.function import once_differentiable
 from ..common import ops
 from . import replay
 from .backward import abc_codes, hot_backward, kept_by_producer, no_autocast, patches, seq_pad
-from ..common.quant import StepSeed
 from .state import (ABC_X, DRAW, LayerPlan, config_of, draws_rows, hla_history, is_narrow,
-                    make_plan, seed_base)
+                    layer_seed, make_plan)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "float64": torch.float64}
@@ -448,13 +447,13 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
     cfg = config_of(cfg_key)
     seed_x = 0
     if recompute and need_gw and cfg.hla.bits and cfg.hla.rounding == "stochastic":
-        seed_x = StepSeed(seed_base(cfg, layer.hot_id, ABC_X), fwd_step, None)
+        seed_x = layer_seed(layer, cfg, ABC_X, None, fwd_step)
     x_hist = None
     if recompute and need_gw and not exact:
         x_hist = hla_history(layer, cfg, ABC_X, gy2d.device)
     draw = 0
     if draws_rows(cfg) and need_gw and not exact:
-        draw = StepSeed(seed_base(cfg, layer.hot_id, DRAW), fwd_step, None)
+        draw = layer_seed(layer, cfg, DRAW, None, fwd_step)
     plan = LayerPlan(cfg, layer._backend_for(gy2d.device), exact, seq, seed_x, x_hist, draw,
                      fwd_step)
     saved = None

@@ -218,4 +218,4 @@ def begin_backward(layer, plan: LayerPlan, gy2d: torch.Tensor) -> BackwardPlan:
                         layer_seed(layer, cfg, W_HQ, step, at),
                         layer_seed(layer, cfg, GY_HLA, step, at),
                         hla_history(layer, cfg, GY_HLA, gy2d.device),
-                        layer_seed(layer, cfg, DRAW, step, at) if draws_rows(cfg) else 0)
+                        plan.seed_draw)

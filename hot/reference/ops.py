@@ -41,7 +41,7 @@ def hla_quantize(x: torch.Tensor, a: HLAArgs) -> Quantized:
             amax = amax.to(torch.float32).reshape(-1, 1)
             if ops.ScaleMode(a.scale_mode) == ops.ScaleMode.TENSOR:
                 amax = amax.amax().reshape(1, 1)
-            scale = torch.where(amax == 0, torch.ones_like(amax), amax / quant.qmax(a.bits))
+            scale = quant.amax_scale(amax, a.bits)
         return _finish(t, a.bits, a.scale_mode, a.stochastic, a.seed, scale)
     t = hla_transform(x, a.rank, a.selection)
     if a.history is None:
