@@ -4,6 +4,7 @@ FSDP2 (fully_shard) trains HOT layers with sharded parameters and, with exact gr
 the same parameters as one process on both ranks' data."""
 
 import faulthandler
+import contextlib
 import os
 
 import pytest
@@ -169,15 +170,8 @@ def _bad_gy_worker(rank: int, world: int, port: int, out: dict):
     """Rank 1's first g_y is all zero, its second holds a NaN; rank 0's are ordinary. Every rank
     must still take part in each LQS all-reduce (else gloo aborts and NCCL hangs), the decisions
     must agree, and they are taken once a rank has seen a usable g_y."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    try:
-        torch.manual_seed(0)
-        net = hot.convert(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)),
-                          backend="reference")
+    with _gloo_net(rank, world, port, out) as (net, decided):
         x = torch.randn(64, 32, generator=torch.Generator().manual_seed(7 + rank))
-        decided = []
         for step, bad in enumerate(("zero", "nan")):
             gy = torch.randn(64, 8, generator=torch.Generator().manual_seed(step))
             if rank == 1:
@@ -185,11 +179,6 @@ def _bad_gy_worker(rank: int, world: int, port: int, out: dict):
                                                                 torch.tensor(float("nan")))
             net(x).backward(gy)
             decided.append(_lqs_of_every_rank(net, world))
-        if rank == 0:
-            out["decided"] = decided
-        _finish()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.timeout(180)
@@ -199,6 +188,26 @@ def test_lqs_calibration_survives_a_rank_with_zero_or_nan_g_y():
     first, second = _decisions(_bad_gy_worker)
     # The last layer's g_y: rank 0's first pass is usable, so both ranks decide after it.
     assert first[-1] in (0, 1) and second == first
+
+
+@contextlib.contextmanager
+def _gloo_net(rank: int, world: int, port: int, out: dict):
+    """In a gloo group of ``world`` ranks: (a small HOT MLP, the same initial weights on every
+    rank; a list for the LQS decisions the body appends), rank 0's list reported in ``out``."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        net = hot.convert(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)),
+                          backend="reference")
+        decided = []
+        yield net, decided
+        if rank == 0:
+            out["decided"] = decided
+        _finish()
+    finally:
+        dist.destroy_process_group()
 
 
 def _decisions(worker) -> tuple[list, list]:
@@ -221,26 +230,14 @@ def _empty_batch_worker(rank: int, world: int, port: int, out: dict):
     """Rank 1's first batch is empty while LQS still calibrates; rank 0's is not, so rank 0
     reaches the decision's all-reduce on that pass. Rank 1 must make the same collective calls
     (else gloo aborts and NCCL hangs), and both must decide alike, under DDP too."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    try:
-        torch.manual_seed(0)
-        net = hot.convert(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)),
-                          backend="reference")
+    with _gloo_net(rank, world, port, out) as (net, decided):
         ddp = nn.parallel.DistributedDataParallel(net)
-        decided = []
         for step in range(2):
             rows = 0 if (rank == 1 and step == 0) else 48
             x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(step * 2 + rank))
             ddp(x).square().sum().backward()
             decided.append(_lqs_of_every_rank(net, world))
-        if rank == 0:
-            out["decided"] = decided
         del ddp
-        _finish()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.timeout(180)
