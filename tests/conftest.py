@@ -4,6 +4,8 @@ import pytest
 import torch
 from hypothesis import settings
 
+from hot.common.walsh import hadamard16
+
 # Every test starts from the same RNG state; hypothesis runs are derandomized so CI is repeatable.
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=25,
                           print_blob=True)
@@ -31,3 +33,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _forward_error_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The elementwise bound of tests/nn/test_quantized_forward.py for y = x w^T (x: L x I, w: O x I), in float64."""
+    i16 = (x.shape[1] + 15) // 16 * 16
+    h = torch.block_diag(*[hadamard16()] * (i16 // 16))
+
+    def rows(t):
+        t = torch.nn.functional.pad(t.double(), (0, i16 - t.shape[1])) @ h
+        return t, t.abs().amax(1, keepdim=True) / 127, t.abs().sum(1, keepdim=True)
+
+    a, sx, la = rows(x)
+    c, sw, lc = rows(w)
+    slack = 1e-5 * (a.abs() @ c.abs().t())
+    return sx / 2 * lc.t() + la * sw.t() / 2 + i16 * sx * sw.t() / 4 + slack
+
+
+@pytest.fixture
+def forward_error_bound():
+    """HOTConfig(forward="int8")'s elementwise error bound for y = x w^T (float64, CPU)."""
+    return _forward_error_bound

@@ -29,6 +29,8 @@ VALID_RANKS = (1, 2, 4, 8, 16)
 # The backward algorithms HOTConfig.method selects (hot.nn.backward implements each); the
 # methods the tools offer are recipes (hot.recipes), each of which names one of these.
 BACKWARDS = ("hot", "int4", "luq", "lbp_wht")
+# HOTConfig.forward: how the forward GEMM y = x W^T runs (hot.nn.forward).
+FORWARDS = ("exact", "int8")
 BLOCK = 16  # the paper's block size for both transforms; kernels assume it
 SELECTIONS = ("auto", "lowpass", "lp_l1", "stratified")  # HLAConfig.selection
 DRAWN_SELECTIONS = ("stratified",)  # drawn per layer, step and block: unbiased
@@ -266,6 +268,15 @@ class HOTConfig:
         save (on an H100, ViT-B's 768-wide layers ran their HOT backward at 0.6-0.9x of BF16,
         its 3072-wide fc2 and Llama's 4096-wide layers at 1.1-2.0x; docs/performance.md).
         0 (default, the paper's setting): every converted layer runs HOT.
+    forward: "exact" (default, the paper's setting): the forward GEMM is the layer's own
+        (F.linear / F.conv2d in the input's dtype). "int8": HQ for the forward too, y = x W^T
+        from INT8 codes of x and W after the 16-point block Hadamard transform along the input
+        channels (per-token scales for x, per-output-channel for W, round to nearest; the
+        transform is orthonormal, so only the rounding changes y) and an integer GEMM
+        (docs/algorithm.md §5b). The backward is unchanged: its gradients are those of the
+        exact product (straight-through). The exact phases (exact_steps, exact_from) and
+        narrow layers (min_in_features) run an exact forward too. HOTConfig.quantized() is
+        this with the default backward.
     """
 
     hq: HQConfig = field(default_factory=HQConfig)
@@ -277,6 +288,7 @@ class HOTConfig:
     min_in_features: int = 0
     exact_from: Optional[int] = None
     method: str = "hot"
+    forward: str = "exact"
 
     def __post_init__(self) -> None:
         for name, cls in (("hq", HQConfig), ("hla", HLAConfig), ("lqs", LQSConfig)):
@@ -291,6 +303,7 @@ class HOTConfig:
             if not _is_int(v) or v < 0:
                 raise HOTConfigError(f"HOTConfig.{name}={v!r} must be a non-negative int.")
         _check_choice("HOTConfig.method", self.method, BACKWARDS)
+        _check_choice("HOTConfig.forward", self.forward, FORWARDS)
         if self.method in ("int4", "luq"):
             m = self.method
             for name, value, ok, fix in (
@@ -340,6 +353,12 @@ class HOTConfig:
         """The paper's setting: HQ 4-bit, HLA rank 8 of 16 (the fixed low-pass rows) in INT8,
         ABC, LQS."""
         return cls(hq=HQConfig(bits=4), hla=HLAConfig(selection="lowpass"))
+
+    @classmethod
+    def quantized(cls) -> "HOTConfig":
+        """Every GEMM of a layer quantized: the default backward (HOTConfig()) with the INT8
+        Hadamard-quantized forward (forward="int8")."""
+        return cls(forward="int8")
 
     @classmethod
     def recommended(cls, exact_steps: int) -> "HOTConfig":

@@ -6,8 +6,8 @@ operators declared with torch.library, opaque to the compiler, whose Python bodi
 state at run time:
 
     hot::linear_fwd(x2d, W, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute,
-                    draw)
-        -> (y2d = x2d W^T + b, q_x, s_x, step)
+                    draw, qfwd)
+        -> (y2d = x2d W^T + b, q_x, s_x, step)   (qfwd: y2d from INT8 operands, hot.nn.forward)
                                              q_x, s_x = the ABC codes (empty when not kept);
                                              step = a copy of the layer's step counter as of
                                              this call with recompute (x2d is kept instead of
@@ -71,7 +71,9 @@ from torch.autograd.function import once_differentiable
 
 from ..common import ops
 from . import replay
-from .backward import abc_codes, hot_backward, kept_by_producer, no_autocast, patches, seq_pad
+from .backward import (abc_codes, hla_args, hot_backward, kept_by_producer, no_autocast,
+                       patches, seq_pad)
+from .forward import quantized_gemm
 from .state import (ABC_X, DRAW, LayerPlan, config_of, draws_rows, hla_history, is_narrow,
                     layer_seed, make_plan)
 
@@ -155,7 +157,7 @@ def _empty(t: torch.Tensor) -> torch.Tensor:
 
 
 def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: int,
-               row: bool, recompute: bool, draw: bool) -> LayerPlan:
+               row: bool, recompute: bool, draw: bool, qfwd: bool) -> LayerPlan:
     """make_plan for this call, after checking the constants the caller passed (traced ones may
     be stale) against the layer's live state."""
     cfg = layer._hot_run_config
@@ -164,12 +166,13 @@ def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: i
     # "auto" was resolved by the caller (from the producer or the partitioner's flag): either is
     # live.
     live = (plan.exact, h.rank, h.bits or 0, h.scale == "channel",
-            recompute if h.abc == "auto" else h.abc == "recompute", draws_rows(cfg))
-    if live != (exact, rank, bits, row, recompute, draw):
+            recompute if h.abc == "auto" else h.abc == "recompute", draws_rows(cfg),
+            quantizes_forward(cfg, plan.exact))
+    if live != (exact, rank, bits, row, recompute, draw, qfwd):
         raise RuntimeError(
             f"HOT layer {layer.hot_name!r}: the compiled graph was traced for (exact, rank, bits, "
-            f"per-channel scale, ABC recompute, drawn rows) = "
-            f"{(exact, rank, bits, row, recompute, draw)} but the "
+            f"per-channel scale, ABC recompute, drawn rows, quantized forward) = "
+            f"{(exact, rank, bits, row, recompute, draw, qfwd)} but the "
             f"layer now has {live}; this is a missing recompile: call torch._dynamo.reset() "
             f"and compile again.")
     return plan
@@ -219,29 +222,57 @@ def _first_order(backward):
 # ---------------------------------------------------------------- linear
 
 
+def quantizes_forward(cfg, exact: bool) -> bool:
+    """Whether a call runs the quantized forward GEMM (HOTConfig.forward, outside the exact
+    phases and narrow layers, which run exactly)."""
+    return cfg.forward != "exact" and not exact
+
+
+def _forward_gemm(layer, plan: LayerPlan, rows: torch.Tensor, w2d: torch.Tensor,
+                  b: Optional[torch.Tensor], codes: bool) -> tuple[torch.Tensor, Optional[ops.Quantized]]:
+    """The quantized forward GEMM on ``rows`` (hot.nn.forward) and, with ``codes``, ABC's codes
+    of rows from the same pass where one pass can form both: no sequence padding and no
+    delayed history (else None: _abc_outputs forms them)."""
+    abc = None
+    if codes and plan.x_hist is None and seq_pad(rows, plan.seq) is rows:
+        abc = hla_args(plan, plan.seed_x, None, plan.seed_draw)
+    return quantized_gemm(plan.config.forward, rows, w2d, b, plan.backend, abc)
+
+
 def _linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
                 need_gx: bool, need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
-                row: bool, recompute: bool, draw: bool
+                row: bool, recompute: bool, draw: bool, qfwd: bool
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
     _check_capturable(layer, x2d.device)
     with no_autocast(x2d.device.type):
-        y = F.linear(x2d, w, b)
-        plan = _live_plan(layer, x2d, seq, exact, rank, bits, row, recompute, draw)
-        if need_gw and not exact:
-            return (y, *_abc_outputs(layer, plan, x2d, recompute, draw))
+        plan = _live_plan(layer, x2d, seq, exact, rank, bits, row, recompute, draw, qfwd)
+        keep = need_gw and not exact
+        codes = None
+        if qfwd:
+            y, codes = _forward_gemm(layer, plan, x2d, w, b, keep and not recompute)
+        else:
+            y = F.linear(x2d, w, b)
+        if keep:
+            return (y, *_abc_outputs(layer, plan, x2d, recompute, draw, codes))
     # While exact, x2d itself is kept (LinearFn.forward saves the input: no copy).
     return y, _empty(y), _empty(y), _empty(y)
 
 
-def _abc_outputs(layer, plan: LayerPlan, rows: torch.Tensor, recompute: bool, draw: bool):
-    """(q_x, s_x, step) of a forward that keeps what HOT's g_W path needs of ``rows``."""
+def _abc_outputs(layer, plan: LayerPlan, rows: torch.Tensor, recompute: bool, draw: bool,
+                 codes: Optional[ops.Quantized] = None):
+    """(q_x, s_x, step) of a forward that keeps what HOT's g_W path needs of ``rows``;
+    ``codes``: ABC's codes already formed (by the quantized forward's pass over rows)."""
     if recompute:  # the Function keeps x: backward forms the codes
         return _empty(rows), _empty(rows), _step_snapshot(layer)
     # A delayed x history: a re-run of this forward (activation checkpointing) reads what the
     # first run read (hot.nn.replay).
-    q, s = replay.delayed_x_codes(layer, plan, rows) if plan.x_hist is not None \
-        else abc_codes(plan, rows)
+    if codes is not None:
+        q, s = codes
+    elif plan.x_hist is not None:
+        q, s = replay.delayed_x_codes(layer, plan, rows)
+    else:
+        q, s = abc_codes(plan, rows)
     return q.contiguous(), s.contiguous(), _step_snapshot(layer) if draw else _empty(rows)
 
 
@@ -253,7 +284,7 @@ def _abc_outputs_fake(w, rows, seq, rank, bits, row, recompute, draw):
 
 
 def _linear_fwd_fake(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute,
-                     draw):
+                     draw, qfwd):
     y = F.linear(x2d, w, b)
     if need_gw and not exact:
         return (y, *_abc_outputs_fake(w, x2d, seq, rank, bits, row, recompute, draw))
@@ -262,7 +293,7 @@ def _linear_fwd_fake(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, r
 
 linear_fwd = _def("linear_fwd(Tensor x2d, Tensor w, Tensor? b, int key, bool need_gx, "
                   "bool need_gw, bool exact, int seq, int rank, int bits, bool row, "
-                  "bool recompute, bool draw) -> (Tensor, Tensor, Tensor, Tensor)",
+                  "bool recompute, bool draw, bool qfwd) -> (Tensor, Tensor, Tensor, Tensor)",
                   _linear_fwd, _linear_fwd_fake)
 
 
@@ -282,6 +313,7 @@ class CallFlags(NamedTuple):
     row: bool
     recompute: bool  # the ABC codes are formed in backward from a kept x
     draw: bool  # HLA's rows are drawn (the forward keeps its step)
+    qfwd: bool  # the forward GEMM runs on quantized operands (HOTConfig.forward)
 
 
 class LinearFn(torch.autograd.Function):
@@ -309,25 +341,40 @@ class LinearFn(torch.autograd.Function):
 def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
               stride: list[int], padding: list[int], dilation: list[int], need_gx: bool,
               need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
-              row: bool, recompute: bool, draw: bool
+              row: bool, recompute: bool, draw: bool, qfwd: bool
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
     _check_capturable(layer, x.device)
     with no_autocast(x.device.type):
-        y = F.conv2d(x, w, b, stride, padding, dilation)
-        plan = _live_plan(layer, x, seq, exact, rank, bits, row, recompute, draw)
+        plan = _live_plan(layer, x, seq, exact, rank, bits, row, recompute, draw, qfwd)
+        rows = codes = None
+        if qfwd:  # the GEMM over the patches; its output (rows, O) as (B, O, Ho, Wo)
+            rows = patches(x, w.shape[-2:], stride, padding, dilation)
+            y2d, codes = _forward_gemm(layer, plan, rows, w.reshape(w.shape[0], -1), b,
+                                       need_gw and not recompute)
+            ho, wo = conv_out_hw(x.shape, w.shape, stride, padding, dilation)
+            y = y2d.reshape(x.shape[0], ho, wo, -1).permute(0, 3, 1, 2).contiguous()
+        else:
+            y = F.conv2d(x, w, b, stride, padding, dilation)
         if not need_gw:
             return y, _empty(y), _empty(y), _empty(y)
         if recompute and not exact:  # ConvFn.forward keeps x
             return y, _empty(y), _empty(y), _step_snapshot(layer)
-        rows = patches(x, w.shape[-2:], stride, padding, dilation)
+        if rows is None:
+            rows = patches(x, w.shape[-2:], stride, padding, dilation)
         if exact:  # the patches themselves (a transient of kh*kw times x)
             return y, rows.contiguous(), _empty(y), _empty(y)
-        return (y, *_abc_outputs(layer, plan, rows, False, draw))
+        return (y, *_abc_outputs(layer, plan, rows, False, draw, codes))
+
+
+def conv_out_hw(x_shape, w_shape, stride, padding, dilation) -> tuple[int, int]:
+    """(Ho, Wo) of conv2d over an input of ``x_shape`` (..., H, W) with a kernel of ``w_shape``."""
+    return tuple((x_shape[-2 + i] + 2 * padding[i] - dilation[i] * (w_shape[-2 + i] - 1) - 1)
+                 // stride[i] + 1 for i in (0, 1))
 
 
 def _conv_fwd_fake(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank,
-                   bits, row, recompute, draw):
+                   bits, row, recompute, draw, qfwd):
     y = F.conv2d(x, w, b, stride, padding, dilation)
     if not need_gw:
         return y, _empty(y), _empty(y), _empty(y)
@@ -341,7 +388,7 @@ def _conv_fwd_fake(x, w, b, key, stride, padding, dilation, need_gx, need_gw, ex
 
 conv_fwd = _def("conv_fwd(Tensor x, Tensor w, Tensor? b, int key, int[] stride, int[] padding, "
                 "int[] dilation, bool need_gx, bool need_gw, bool exact, int seq, int rank, "
-                "int bits, bool row, bool recompute, bool draw) "
+                "int bits, bool row, bool recompute, bool draw, bool qfwd) "
                 "-> (Tensor, Tensor, Tensor, Tensor)", _conv_fwd, _conv_fwd_fake)
 
 
@@ -536,7 +583,7 @@ def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int,
     exact = layer._hot_exact_phase or x.numel() == 0 or is_narrow(layer, cfg)
     return CallFlags(layer._hot_config_key, x.requires_grad, w.requires_grad, exact, seq, h.rank,
                      h.bits or 0, h.scale == "channel", _recompute(layer, x, w, seq, copy_rows),
-                     draws_rows(cfg))
+                     draws_rows(cfg), quantizes_forward(cfg, exact))
 
 
 def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
@@ -556,8 +603,7 @@ def conv2d(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], g
     stride, padding, dilation = (list(g) for g in geom)
     rows = None
     if x_cast:  # the patches' rows: one per output position
-        out = [(x.shape[2 + i] + 2 * padding[i] - dilation[i] * (w.shape[2 + i] - 1) - 1)
-               // stride[i] + 1 for i in (0, 1)]
-        rows = x.shape[0] * out[0] * out[1]
+        ho, wo = conv_out_hw(x.shape, w.shape, stride, padding, dilation)
+        rows = x.shape[0] * ho * wo
     return ConvFn.apply(x, w, b, layer._hot_key, stride, padding, dilation,
                         _flags(layer, x, w, seq, rows))[0]

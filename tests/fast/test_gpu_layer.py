@@ -197,3 +197,36 @@ def test_training_fast_matches_reference():
     print(f"training: fast {fast} reference(seed 1) {ref} sd {sd:.4f}")
     assert abs(fast[0] - ref) <= 3 * sd + 0.02 * ref
     assert fast[0] < 0.5 * 2.303  # it learns: well below chance (ln 10)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_quantized_forward_fast(native, forward_error_bound):
+    """HOTConfig.quantized() on the fast backend: the output within the forward's rounding bound
+    of the exact product (tests/nn/test_quantized_forward.py derives it), as the reference's is,
+    and the backward's
+    gradients bit for bit those of the exact forward with the same seeds (straight-through)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 80, device="cuda")
+    x = torch.randn(130, 96, device="cuda")
+    x[::9] *= 30
+    gy = torch.randn(130, 80, device="cuda")
+    exact = lin(x).detach().double()
+    cfg = hot.HOTConfig(seed=4)
+    layers = {}
+    for name, c, backend in (("q", cfg.quantized().replace(seed=4), "fast"),
+                             ("e", cfg, "fast"),
+                             ("r", cfg.quantized().replace(seed=4), "reference")):
+        layers[name] = hot.convert(copy.deepcopy(lin), c, backend=backend)
+    out, grads = {}, {}
+    with override(native=native):
+        for name, layer in layers.items():
+            xi = x.clone().requires_grad_(True)
+            y = layer(xi)
+            y.backward(gy)
+            out[name], grads[name] = y.detach(), (xi.grad, layer.weight.grad, layer.bias.grad)
+    bound = forward_error_bound(x.cpu(), lin.weight.detach().cpu()).cuda()
+    for name in ("q", "r"):  # (their codes agree up to boundary flips: test_quant_interp)
+        err = (out[name].double() - exact).abs()
+        assert (err <= bound).all() and err.max() > 0
+    for u, v in zip(grads["q"], grads["e"]):
+        assert torch.equal(u, v)

@@ -116,6 +116,24 @@ def test_fused_gy_pass_equals_two_ops():
         assert torch.equal(u, v)
 
 
+def test_forward_pass_equals_two_ops():
+    """The quantized forward's pass over x (hot.nn.forward): HQ 8-bit nearest per token with
+    ABC's drawn stochastic HLA codes following a step counter, from one read, equals the two
+    operations (and HQ's part the reference's codes)."""
+    from hot.nn.forward import forward_args
+
+    x = _x((70, 40), torch.bfloat16, 5)
+    counter = torch.tensor(3, dtype=torch.int64, device=DEVICE)
+    hq = forward_args("int8")
+    hla = hla_args(8, "stratified", 8, "row", True, 0)._replace(
+        seed=quant.StepSeed(21, counter, 3), draw=quant.StepSeed(22, counter, 3))
+    a, b = fq.gy_quantize(x, hq, hla)
+    for u, v in zip((*a, *b), (*fq.hq_quantize(x, hq), *fq.hla_quantize(x, hla))):
+        assert torch.equal(u, v)
+    qr, sr = ref.hq_quantize(x, hq)
+    check_codes(a.q, a.scale, qr, sr, hq_transform(x), 8, False, 0)
+
+
 # (shape, dtype, transposed view, hq (bits, mode, stoch, seed) or None,
 #  hla (rank, selection, bits, mode, stoch, seed) or None). Shapes but the last are not multiples
 # of the 64-row tile nor of 16; together they cover fp32/bf16/fp16, 'row' and 'tensor' scales,

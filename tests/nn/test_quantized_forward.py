@@ -1,0 +1,123 @@
+"""HOTConfig(forward="int8"): the forward GEMM on 8-bit Hadamard-quantized operands.
+
+The error bound (docs/algorithm.md §5b; the forward_error_bound fixture of tests/conftest.py).
+With a = x H (one token's row) and c = W H (one output
+channel's row), nearest rounding leaves |da_k| <= s_x / 2 and |dc_k| <= s_w / 2 (s = absmax /
+127 of the row), so one output's error is
+    |sum_k (a_k + da_k)(c_k + dc_k) - a_k c_k| <= s_x/2 ||c||_1 + s_w/2 ||a||_1 + I16 s_x s_w / 4,
+plus the float32 rounding of the transforms and the epilogue (relative 1e-5 of sum |a_k c_k|
+is far above it for these sizes). The tests assert that bound elementwise and that the error
+is not zero (a forward left exact would pass the bound alone). The backward is the exact
+product's: with the same seeds its gradients equal those of the exact forward bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import hot
+
+
+def _pair(module_fn, cfg_a, cfg_b, seed=0):
+    """Two copies of one module, converted with cfg_a and cfg_b."""
+    torch.manual_seed(seed)
+    a = module_fn()
+    b = copy.deepcopy(a)
+    hot.convert(a, cfg_a, convert_head=True, backend="reference")
+    hot.convert(b, cfg_b, convert_head=True, backend="reference")
+    return a, b
+
+
+@pytest.mark.parametrize("shape", [(40, 64, 48), (37, 21, 5), (16, 16, 16)])
+def test_linear_output_within_the_rounding_bound(shape, forward_error_bound):
+    tokens, cin, cout = shape
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(tokens, cin, generator=g)
+    x[::7] *= 20  # outlier tokens: per-token scales matter
+    lin = nn.Linear(cin, cout)
+    exact = lin(x).detach().double()
+    lin = hot.convert(lin, hot.HOTConfig.quantized(), backend="reference")
+    y = lin(x).detach().double()
+    err = (y - exact).abs()
+    assert (err <= forward_error_bound(x, lin.weight.detach())).all()
+    assert err.max() > 0  # the forward is quantized
+
+
+def test_conv_output_within_the_rounding_bound(forward_error_bound):
+    g = torch.Generator().manual_seed(2)
+    conv = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+    x = torch.randn(2, 3, 9, 9, generator=g)
+    exact = conv(x).detach().double()
+    rows = torch.nn.functional.unfold(x, 3, padding=1, stride=2).transpose(1, 2).reshape(-1, 27)
+    conv = hot.convert(conv, hot.HOTConfig.quantized(), backend="reference")
+    y = conv(x).detach()
+    assert y.shape == exact.shape and y.is_contiguous()
+    err = (y.double() - exact).permute(0, 2, 3, 1).reshape(-1, 8).abs()
+    assert (err <= forward_error_bound(rows, conv.weight.detach().reshape(8, -1))).all()
+    assert err.max() > 0
+
+
+def _grads(model, x, gy):
+    x = x.clone().requires_grad_(True)
+    y = model(x)
+    y.backward(gy)
+    return [x.grad] + [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+@pytest.mark.parametrize("abc", ["save", "recompute"])
+def test_backward_is_the_exact_forwards(kind, abc):
+    """Straight-through: the same gradients as with the exact forward, for the same g_y and
+    seeds (also where the ABC codes come from the forward's pass over x)."""
+    if kind == "linear":
+        make = lambda: nn.Sequential(nn.Linear(48, 40))  # noqa: E731
+        x, gy = torch.randn(64, 48), torch.randn(64, 40)
+    else:
+        make = lambda: nn.Sequential(nn.Conv2d(4, 8, 3, padding=1))  # noqa: E731
+        x, gy = torch.randn(2, 4, 8, 8), torch.randn(2, 8, 8, 8)
+    cfg = hot.HOTConfig(seed=5).replace(hla={"abc": abc})
+    a, b = _pair(make, cfg, cfg.replace(forward="int8"))
+    for ga, gb in zip(_grads(a, x, gy), _grads(b, x, gy)):
+        assert torch.equal(ga, gb)
+
+
+def test_exact_phases_and_narrow_layers_run_the_exact_forward():
+    torch.manual_seed(0)
+    lin, narrow = nn.Linear(32, 16), nn.Linear(8, 16)
+    x, xn = torch.randn(20, 32), torch.randn(20, 8)
+    y0, yn0 = lin(x).detach(), narrow(xn).detach()
+    cfg = hot.HOTConfig.quantized().replace(exact_steps=1, min_in_features=16)
+    lin, narrow = (hot.convert(m, cfg, backend="reference") for m in (lin, narrow))
+    y = lin(x)
+    assert torch.equal(y.detach(), y0)  # step 0 is exact
+    y.sum().backward()
+    assert not torch.equal(lin(x).detach(), y0)  # step 1 is quantized
+    for _ in range(2):
+        yn = narrow(xn)
+        assert torch.equal(yn.detach(), yn0)
+        yn.sum().backward()
+
+
+def test_compiled_equals_eager():
+    torch.manual_seed(0)
+    make = lambda: nn.Sequential(nn.Linear(32, 48), nn.GELU(), nn.Linear(48, 16))  # noqa: E731
+    cfg = hot.HOTConfig.quantized().replace(seed=3)
+    a, b = _pair(make, cfg, cfg)
+    x = torch.randn(24, 32)
+    cb = torch.compile(b, backend="aot_eager", fullgraph=True)
+    ya, yb = a(x), cb(x)
+    assert torch.equal(ya, yb)
+    ga, gb = _grads(a, x, torch.ones_like(ya)), _grads(cb, x, torch.ones_like(yb))
+    for u, v in zip(ga, gb):
+        torch.testing.assert_close(u, v, rtol=0, atol=0)
+
+
+def test_forward_value_is_validated():
+    with pytest.raises(hot.HOTConfigError, match="forward"):
+        hot.HOTConfig(forward="fp4")
+    assert hot.HOTConfig.quantized().forward == "int8"
+    assert hot.HOTConfig().forward == "exact" and hot.HOTConfig.paper().forward == "exact"
