@@ -25,6 +25,7 @@ import torch
 
 from .common.config import BACKWARDS, HOTConfig
 from .nn.convert import convert, hot_layers
+from .nn.forward import FORWARD_BITS
 
 
 class RecipeError(ValueError):
@@ -189,7 +190,11 @@ def gemms(config: Optional[HOTConfig], autocast: Optional[torch.dtype] = None) -
              "auto": f"{codes}, or x where x's producer keeps it anyway (abc='auto')"}[hla.abc]
     if m in ("int4", "luq"):
         saves = f"x ({dt}); quantized in backward"
-    return Gemms(exact, d, w, saves)
+    f = exact
+    if config.forward != "exact":  # hot.nn.forward
+        f = Operands(FORWARD_BITS[config.forward], "hadamard16", rounding="nearest",
+                     scaling="x token, W channel", dtype=dt)
+    return Gemms(f, d, w, saves)
 
 
 RECIPES: dict[str, Recipe] = {}
@@ -247,16 +252,22 @@ register(Recipe("lbp-wht", "the LBP-WHT baseline (HOTConfig.lbp_wht()): g_y and 
                 "8 of 16 Walsh rows along the tokens on both paths, no quantization",
                 HOTConfig.lbp_wht(), cost=Cost(gbops="lbp_wht")))
 
+register(Recipe("hot-q", "HOT with the forward GEMM quantized too (HOTConfig.quantized(): INT8 "
+                "HQ forward, HOTConfig()'s backward)", HOTConfig.quantized(), tunable=True,
+                cost=Cost(gbops="hot", memory="hot")))
+register(Recipe("hot-q-bf16", "hot-q under bf16 autocast", HOTConfig.quantized(),
+                autocast=torch.bfloat16, tunable=True, cost=Cost(gbops="hot", memory="hot-bf16")))
 
 def markdown() -> str:
     """The registered recipes as a markdown table (docs/api.md holds it; a test compares)."""
-    rows = ["| recipe | config | autocast | g_x GEMM (D) | g_W GEMM (W) | forward keeps | "
-            "GBOPs / memory model |", "|---|---|---|---|---|---|---|"]
+    rows = ["| recipe | config | autocast | forward GEMM (F) | g_x GEMM (D) | g_W GEMM (W) | "
+            "forward keeps | GBOPs / memory model |", "|---|---|---|---|---|---|---|---|"]
     for r in RECIPES.values():
         g = r.gemms
         cfg = "none (exact)" if r.config is None else (
             f"method {r.config.method!r}" + (", tunable" if r.tunable else ""))
         cost = f"{r.cost.gbops or '-'} / {r.cost.memory or '-'}"
         rows.append(f"| `{r.name}` | {cfg} | {_dtype_name(r.autocast) if r.autocast else '-'} | "
-                    f"{g.D.describe()} | {g.W.describe()} | {g.saves} | {cost} |")
+                    f"{g.F.describe()} | {g.D.describe()} | {g.W.describe()} | {g.saves} | "
+                    f"{cost} |")
     return "\n".join(rows)

@@ -20,6 +20,8 @@ Mode = method + compilation:
           hot        HOT (HOTConfig(seed=0)) on every Linear, fast backend (reference on CPU)
           paper      the same with the paper's setting (HOTConfig.paper(): fixed low-pass HLA
                      rows, 4-bit HQ)
+          hot_q      HOT with the quantized forward (HOTConfig.quantized(): the forward GEMM on
+                     INT8 HQ codes, the same backward as hot)
           hot_ref    HOT on the reference backend inside quant.hash_rng() (the fast kernels'
                      random stream: the same computation up to rare flipped codes)
           hot_exact  the HOT wrappers with HOTConfig.exact() (exact gradients)
@@ -35,8 +37,14 @@ Mode = method + compilation:
                         .ban_recompute_materialized_backward = False (the partitioner may recompute
                         tensors that backward materializes); HOT methods then also use
                         HLAConfig(abc="recompute")
-Defaults: vit-b bf16,bf16_compile,hot,hot_compile; the decoders bf16,bf16_compile,hot,
-hot_compile,hot_compile_cg,float8_tw_compile,float8_rw_compile.
+Defaults: vit-b bf16,bf16_compile,hot,hot_compile,hot_q_compile,hot_q_compile_cg,
+float8_tw_compile; the decoders bf16,bf16_compile,hot,hot_compile,hot_compile_cg,hot_q_compile,
+hot_q_compile_cg,float8_tw_compile,float8_rw_compile.
+
+--memory adds, per mode, where the step's memory goes: the bytes the forward saves for
+backward (autograd's saved tensors, by dtype, counted once per storage; one extra untimed
+step), the parameters, the optimizer's state, and the rest of the peak (transients: logits,
+gradients, workspaces).
 
 Each mode runs in a fresh process (this module with --in-process --modes MODE), because
 torch.compile's caches and the allocator's fragmentation would otherwise carry from one mode to
@@ -85,15 +93,15 @@ import torch.nn.functional as F
 # reference backend, "hot_exact" its layers with HOTConfig.exact(). The float8 methods are
 # torchao's recipes, peers measured beside HOT's, not HOT recipes.
 RECIPE_OF = {"bf16": "bf16", "hot": "hot-bf16", "hot_ref": "hot-bf16", "hot_exact": "hot-bf16",
-             "paper": "paper"}
+             "paper": "paper", "hot_q": "hot-q-bf16"}
 FLOAT8_RECIPES = {"float8_tw": "tensorwise", "float8_rw": "rowwise"}
 MODE_METHODS = (*RECIPE_OF, *FLOAT8_RECIPES)
 SUFFIXES = ("", "_compile", "_compile_cg", "_compile_ro", "_compile_rc")
 MODELS = ("vit-b", "llama-1b", "llama-tiny")
 DEFAULT_MODES = {
-    "vit-b": "bf16,bf16_compile,hot,hot_compile",
-    "llama": "bf16,bf16_compile,hot,hot_compile,hot_compile_cg,float8_tw_compile,"
-             "float8_rw_compile",
+    "vit-b": "bf16,bf16_compile,hot,hot_compile,hot_q_compile,hot_q_compile_cg,float8_tw_compile",
+    "llama": "bf16,bf16_compile,hot,hot_compile,hot_compile_cg,hot_q_compile,hot_q_compile_cg,"
+             "float8_tw_compile,float8_rw_compile",
 }
 DEFAULT_BATCH = {"vit-b": 128, "llama-1b": 16, "llama-tiny": 2}
 BENCH_VOCAB = 32000  # llama-tiny's vocabulary here (the preset takes it from a tokenizer)
@@ -248,7 +256,7 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
 def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
               profile: bool = False, *, model: str = "vit-b", seq: Optional[int] = None,
               device: str = "cuda", exclude_head: bool = False,
-              min_in_features: int = 0, hla_amax: str = "current") -> dict:
+              min_in_features: int = 0, hla_amax: str = "current", memory: bool = False) -> dict:
     """Train ``warmup`` + ``steps`` steps of ``model`` in ``mode`` (see the module docstring);
     the record of the timed steps. Raises on failure (run_mode turns that into a record)."""
     md = parse_mode(mode)
@@ -266,7 +274,7 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
         if md.compile == "reduce-overhead":
             st.enter_context(ic.patch(graph_partition=True))
         return _step_time(md, w, warmup, steps, profile, exclude_head, min_in_features,
-                          hla_amax)
+                          hla_amax, memory)
 
 
 def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Workload:
@@ -287,7 +295,7 @@ def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Worklo
 
 def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
                exclude_head: bool, min_in_features: int = 0,
-               hla_amax: str = "current") -> dict:
+               hla_amax: str = "current", memory: bool = False) -> dict:
     from ..common import quant
 
     dev = torch.device(w.device)
@@ -353,6 +361,8 @@ def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
         out["tokens_per_s" if w.llm else "images_per_s"] = w.items() / (out["step_ms"] / 1e3)
     if profile and cuda:
         out["profile"] = _profile(lambda i: step(warmup + steps + i))
+    if memory:
+        out["memory"] = _memory(lambda: step(warmup + steps), m, opt, out["peak_GiB"])
     if md.hot and cuda:
         from ..fast import native
 
@@ -423,6 +433,39 @@ def _profile(step, n: int = 2, top: int = 40) -> dict:
             "category_ms": {k: round(v, 3) for k, v in sorted(cat.items())}}
 
 
+def _memory(step, model: nn.Module, opt, peak_gib: Optional[float]) -> dict:
+    """Where one step's memory goes (GiB): what the forward saves for backward, by dtype (each
+    storage counted once, from autograd's saved-tensor hooks, which compiled graphs call too),
+    the parameters, the optimizer's state and, of the timed steps' peak, the rest."""
+    from collections import defaultdict
+
+    seen, by = set(), defaultdict(int)
+
+    def pack(t):
+        try:
+            st = t.untyped_storage()
+            key = (st.data_ptr(), st.nbytes())
+            if key not in seen and st.nbytes():
+                seen.add(key)
+                by[str(t.dtype).replace("torch.", "")] += st.nbytes()
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass)
+            by["other"] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    gib = lambda n: round(n / 2**30, 3)  # noqa: E731
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    state = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
+                if torch.is_tensor(v))
+    saved = sum(by.values())
+    out = {"saved_GiB": gib(saved), "saved_by_dtype_GiB": {k: gib(v) for k, v in by.items()},
+           "params_GiB": gib(params), "optimizer_state_GiB": gib(state)}
+    if peak_gib is not None:
+        out["rest_of_peak_GiB"] = round(peak_gib - (saved + params + state) / 2**30, 3)
+    return out
+
+
 def _release(cuda: bool) -> None:
     gc.collect()
     if cuda:
@@ -477,6 +520,7 @@ def _isolated(mode: str, batch: int, a, timeout: float) -> dict:
                "--warmup", str(a.warmup), "--device", a.device, "--json", out]
         cmd += ["--seq", str(a.seq)] if a.seq is not None else []
         cmd += ["--profile"] if a.profile else []
+        cmd += ["--memory"] if a.memory else []
         cmd += ["--exclude-head"] if a.exclude_head else []
         cmd += ["--min-in-features", str(a.min_in_features)] if a.min_in_features else []
         cmd += ["--hla-amax", a.hla_amax]
@@ -522,6 +566,9 @@ def main(argv=None) -> int:
                         "exactly (default 0: every layer runs HOT)")
     p.add_argument("--hla-amax", choices=("current", "delayed"), default="current",
                    help="HLAConfig(amax=...) in the HOT modes (delayed: one read of g_y and x)")
+    p.add_argument("--memory", action="store_true",
+                   help="also record where the memory goes: saved tensors by dtype, parameters, "
+                        "optimizer state, the rest of the peak (one extra untimed step)")
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--profile", action="store_true",
                    help="also profile 2 steps: GPU busy time and the kernels that take most of it")
@@ -543,7 +590,7 @@ def main(argv=None) -> int:
     modes = (a.modes or DEFAULT_MODES["llama" if a.model.startswith("llama") else a.model])
     kw = dict(warmup=a.warmup, steps=a.steps, profile=a.profile, model=a.model, seq=a.seq,
               device=a.device, exclude_head=a.exclude_head, min_in_features=a.min_in_features,
-              hla_amax=a.hla_amax)
+              hla_amax=a.hla_amax, memory=a.memory)
     res = []
     for mode in [m for m in modes.split(",") if m]:
         if a.in_process:

@@ -15,7 +15,7 @@ import torch
 import hot
 from hot import recipes
 from hot.recipes import Recipe
-from hot.common.config import SELECTIONS, HOTConfig
+from hot.common.config import FORWARDS, SELECTIONS, HOTConfig
 
 from ..analysis.records import finite
 from . import argtypes as T
@@ -133,7 +133,8 @@ HOT_FLAGS = {"hq_bits": ("hq", "bits"), "gy_scale": ("hq", "gy_scale"),
              "hla_blocking": ("hla", "blocking"), "hla_bits": ("hla", "bits"),
              "abc": ("hla", "abc"), "hla_amax": ("hla", "amax"),
              "lqs_ratio": ("lqs", "ratio"), "exact_steps": (None, "exact_steps"),
-             "int8_steps": (None, "int8_steps"), "exact_from": (None, "exact_from")}
+             "int8_steps": (None, "int8_steps"), "exact_from": (None, "exact_from"),
+             "forward": (None, "forward")}
 _SCHEDULE_FLAGS = ("exact_steps", "int8_steps", "exact_from")
 
 
@@ -176,6 +177,8 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
         help="g_W path channel scales: this pass's absmax (current, paper) or the previous "
              "pass's, checked against this one's (delayed: one read of g_y and x on the GPU)")
     add("--lqs-ratio", type=T.unit_fraction, help="LQS threshold, in (0, 1]")
+    add("--forward", choices=FORWARDS,
+        help="the forward GEMM: exact, or int8 (HQ on x and W, round to nearest)")
     add("--exact-steps", type=T.nonnegative_int, help="exact warm-up backward steps")
     add("--int8-steps", type=T.nonnegative_int,
         help="steps with the g_x path at 8 bits after the warm-up")

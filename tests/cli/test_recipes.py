@@ -38,6 +38,10 @@ def test_gemms_are_read_from_the_config():
     assert (g.D.bits, g.W.rank) == (8, 4) and g.saves.startswith("T x as int8 codes (4 of 16")
     assert recipes.get("luq").gemms.D.levels == "log2"
     assert recipes.get("int4").gemms.W.transform is None  # full rank, no transform
+    g = recipes.get("hot-q").gemms  # the forward GEMM quantized too (hot.nn.forward)
+    assert (g.F.bits, g.F.transform, g.F.rounding) == (8, "hadamard16", "nearest")
+    assert recipes.get("hot-q").config == hot.HOTConfig.quantized()
+    assert recipes.get("hot-q-bf16").autocast is not None
     lbp = recipes.get("lbp-wht").gemms
     assert (lbp.D.bits, lbp.D.transform, lbp.D.rank, lbp.D.selection) == (None, "walsh16", 8,
                                                                          "lp_l1")
