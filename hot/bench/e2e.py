@@ -82,7 +82,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -213,8 +213,16 @@ class Workload:
         return self.batch * (self.seq if self.llm else 1)
 
 
-def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
-             min_in_features: int = 0, hla_amax: str = "current") -> dict:
+class HotTweaks(NamedTuple):
+    """Changes to the HOT modes' config (and, exclude_head, to which layers convert)."""
+
+    exclude_head: bool = False  # keep the output layer exact (float8 always does)
+    min_in_features: int = 0  # HOTConfig(min_in_features=...)
+    hla_amax: str = "current"  # HLAConfig(amax=...)
+    abc: Optional[str] = None  # HLAConfig(abc=...); None: the recipe's
+
+
+def _prepare(m: nn.Module, mode: Mode, w: Workload, tw: HotTweaks) -> dict:
     """Convert ``m`` for ``mode`` in place; returns facts for the record."""
     dev = torch.device(w.device)
     if mode.hot:
@@ -223,17 +231,18 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
         recipe = mode.recipe
         cfg = (hot.HOTConfig.exact() if mode.method == "hot_exact"
                else recipe.config.replace(seed=0))
-        if mode.recompute:
-            cfg = cfg.replace(hla={"abc": "recompute"})
-        if min_in_features:
-            cfg = cfg.replace(min_in_features=min_in_features)
-        if hla_amax != "current" and mode.method != "hot_exact":
-            cfg = cfg.replace(hla={"amax": hla_amax})
+        if mode.recompute or tw.abc:
+            cfg = cfg.replace(hla={"abc": "recompute" if mode.recompute else tw.abc})
+        if tw.min_in_features:
+            cfg = cfg.replace(min_in_features=tw.min_in_features)
+        if tw.hla_amax != "current" and mode.method != "hot_exact":
+            cfg = cfg.replace(hla={"amax": tw.hla_amax})
         backend = "reference" if mode.method == "hot_ref" or dev.type != "cuda" else "fast"
-        filt = (lambda fqn, _: fqn != w.head) if exclude_head else None
+        filt = (lambda fqn, _: fqn != w.head) if tw.exclude_head else None
         recipe.prepare(m, cfg, filter=filt, backend=backend)
         return {"recipe": recipe.name, "hot_backend": backend, "hot_layers": len(hot.hot_layers(m)),
-                "min_in_features": min_in_features, "hla_amax": cfg.hla.amax}
+                "min_in_features": tw.min_in_features, "hla_amax": cfg.hla.amax,
+                "abc": cfg.hla.abc, "forward": cfg.forward}
     if mode.method in FLOAT8_RECIPES:
         try:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -256,9 +265,12 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, exclude_head: bool,
 def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
               profile: bool = False, *, model: str = "vit-b", seq: Optional[int] = None,
               device: str = "cuda", exclude_head: bool = False,
-              min_in_features: int = 0, hla_amax: str = "current", memory: bool = False) -> dict:
+              min_in_features: int = 0, hla_amax: str = "current", abc: Optional[str] = None,
+              memory: bool = False) -> dict:
     """Train ``warmup`` + ``steps`` steps of ``model`` in ``mode`` (see the module docstring);
-    the record of the timed steps. Raises on failure (run_mode turns that into a record)."""
+    the record of the timed steps. Raises on failure (run_mode turns that into a record).
+    exclude_head, min_in_features, hla_amax, abc: HotTweaks."""
+    tw = HotTweaks(exclude_head, min_in_features, hla_amax, abc)
     md = parse_mode(mode)
     w = _workload(model, batch, seq, device)
     if md.compile == "reduce-overhead" and torch.device(device).type != "cuda":
@@ -273,8 +285,7 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
             st.enter_context(fc.patch(ban_recompute_materialized_backward=False))
         if md.compile == "reduce-overhead":
             st.enter_context(ic.patch(graph_partition=True))
-        return _step_time(md, w, warmup, steps, profile, exclude_head, min_in_features,
-                          hla_amax, memory)
+        return _step_time(md, w, warmup, steps, profile, tw, memory)
 
 
 def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Workload:
@@ -294,14 +305,13 @@ def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Worklo
 
 
 def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
-               exclude_head: bool, min_in_features: int = 0,
-               hla_amax: str = "current", memory: bool = False) -> dict:
+               tw: HotTweaks, memory: bool = False) -> dict:
     from ..common import quant
 
     dev = torch.device(w.device)
     cuda = dev.type == "cuda"
     m = w.build()
-    facts = _prepare(m, md, w, exclude_head, min_in_features, hla_amax)
+    facts = _prepare(m, md, w, tw)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
     if md.compile:
         import torch._dynamo.utils as du
@@ -460,6 +470,7 @@ def _memory(step, model: nn.Module, opt, peak_gib: Optional[float]) -> dict:
                 if torch.is_tensor(v))
     saved = sum(by.values())
     out = {"saved_GiB": gib(saved), "saved_by_dtype_GiB": {k: gib(v) for k, v in by.items()},
+           "saved_by_dtype_bytes": dict(by),
            "params_GiB": gib(params), "optimizer_state_GiB": gib(state)}
     if peak_gib is not None:
         out["rest_of_peak_GiB"] = round(peak_gib - (saved + params + state) / 2**30, 3)
@@ -524,6 +535,7 @@ def _isolated(mode: str, batch: int, a, timeout: float) -> dict:
         cmd += ["--exclude-head"] if a.exclude_head else []
         cmd += ["--min-in-features", str(a.min_in_features)] if a.min_in_features else []
         cmd += ["--hla-amax", a.hla_amax]
+        cmd += ["--abc", a.abc] if a.abc else []
         base = {"mode": mode, "model": a.model, "batch": batch}
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -566,6 +578,8 @@ def main(argv=None) -> int:
                         "exactly (default 0: every layer runs HOT)")
     p.add_argument("--hla-amax", choices=("current", "delayed"), default="current",
                    help="HLAConfig(amax=...) in the HOT modes (delayed: one read of g_y and x)")
+    p.add_argument("--abc", choices=("save", "recompute", "auto"), default=None,
+                   help="HLAConfig(abc=...) in the HOT modes (default: the recipe's, auto)")
     p.add_argument("--memory", action="store_true",
                    help="also record where the memory goes: saved tensors by dtype, parameters, "
                         "optimizer state, the rest of the peak (one extra untimed step)")
@@ -590,7 +604,7 @@ def main(argv=None) -> int:
     modes = (a.modes or DEFAULT_MODES["llama" if a.model.startswith("llama") else a.model])
     kw = dict(warmup=a.warmup, steps=a.steps, profile=a.profile, model=a.model, seq=a.seq,
               device=a.device, exclude_head=a.exclude_head, min_in_features=a.min_in_features,
-              hla_amax=a.hla_amax, memory=a.memory)
+              hla_amax=a.hla_amax, abc=a.abc, memory=a.memory)
     res = []
     for mode in [m for m in modes.split(",") if m]:
         if a.in_process:
