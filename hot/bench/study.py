@@ -106,6 +106,8 @@ SETTINGS = {s.name: s for s in (
     # width following the GPU (8 bits on Hopper and CPUs, 4 on Ampere / Ada)
     Setting("hot", ("--method", "hot"), rank=8,
             about="HOTConfig(): unbiased HLA (stratified rows), HQ width auto"),
+    # HOTConfig.quantized(): the same backward as "hot" with the INT8 HQ forward
+    recipe_setting("hot-q"),
     Setting("strat_hq4", ("--method", "hot", "--hq-bits", "4"), rank=8,
             about="unbiased HLA (stratified rows) with the paper's 4-bit HQ"),
     Setting("strat_hq8", ("--method", "hot", "--hq-bits", "8"), rank=8,
