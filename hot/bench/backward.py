@@ -173,13 +173,13 @@ def markdown(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="hot bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="hot bench layer", description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="vitb,llama", help="comma list of: " + ",".join(SHAPES))
     p.add_argument("--json", default=None)
     p.add_argument("--md", default=None)
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("hot bench needs a CUDA GPU", file=sys.stderr)
+        print("hot bench layer: error: it needs a CUDA GPU and none is visible here.", file=sys.stderr)
         return 2
     res = run([s for s in a.shapes.split(",") if s])
     md = markdown(res)
