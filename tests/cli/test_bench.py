@@ -104,3 +104,15 @@ def test_arguments_reach_the_benchmark_unchanged(run_text, monkeypatch, argv, mo
     rc, _, err = run_text("bench", *argv)
     assert rc == 0, err
     assert got == [forwarded]
+
+
+@pytest.mark.parametrize("flag", ["--json", "--md"])
+def test_layer_never_overwrites_a_record(run_text, monkeypatch, tmp_path, flag):
+    # Refused before the benchmark looks for a GPU (so this runs on the CPU too).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    path = tmp_path / "old"
+    path.write_text("kept")
+    rc, out, err = run_text("bench", "layer", flag, path)
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"hot bench layer: error: {flag}") and "new path" in err
+    assert path.read_text() == "kept"
