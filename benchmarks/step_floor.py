@@ -5,7 +5,7 @@ quantizer passes must move: the floor an end-to-end speed target is judged again
     python benchmarks/step_floor.py RECORD.json [RECORD.json ...] [--bandwidth 3.00e12]
                                     [--int8-tops 1414e12] [--l2-mib 50] [--target 1.3]
 
-RECORDs: `hot.bench.e2e --profile` JSON of one call (every ratio is taken within one call): the
+RECORDs: `hot bench step --profile` (hot.bench.e2e) JSON of one call (every ratio is taken within one call): the
 HOT mode's kernel time by category (hot_pass, int8_gemm, other), the baselines' step medians
 and GPU busy times. Every HOT mode in them gets its floor:
 
@@ -37,9 +37,9 @@ def layer_shapes(model: str, batch: int, seq):
     ``model`` at ``batch`` (and ``seq`` tokens), from a forward at batch 1 (8 tokens) on the
     CPU, L scaled up."""
     from hot.analysis.shapes import layer_shapes as shapes_of
-    from hot.bench.e2e import _workload
+    from hot.bench.e2e import Workload
 
-    w = _workload(model, 1, 8 if model.startswith("llama") else None, "cpu")
+    w = Workload(model, 1, 8 if model.startswith("llama") else None, "cpu")
     m = w.build()
     x = w.batches(m)[0][0][:1]
     scale = batch * seq // 8 if w.llm else batch

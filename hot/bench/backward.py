@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 import torch
@@ -173,13 +174,16 @@ def markdown(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="hot bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="hot bench layer", description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="vitb,llama", help="comma list of: " + ",".join(SHAPES))
-    p.add_argument("--json", default=None)
-    p.add_argument("--md", default=None)
+    p.add_argument("--json", default=None, help="write the results here (a new file)")
+    p.add_argument("--md", default=None, help="write the Markdown table here (a new file)")
     a = p.parse_args(argv)
+    for flag, path in (("--json", a.json), ("--md", a.md)):
+        if path and os.path.exists(path):
+            p.error(f"{flag} {path} exists: pass a new path (results are never overwritten).")
     if not torch.cuda.is_available():
-        print("hot bench needs a CUDA GPU", file=sys.stderr)
+        print(f"{p.prog}: error: it needs a CUDA GPU and none is visible here.", file=sys.stderr)
         return 2
     res = run([s for s in a.shapes.split(",") if s])
     md = markdown(res)

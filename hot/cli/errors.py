@@ -25,6 +25,15 @@ class UsageError(CLIError):
         self.prog = prog
 
 
+def usage_message(prog: str, message: str) -> str:
+    """argparse's message as the CLI's one line: hot.cli.argtypes' are sentences that say what
+    to give; argparse's own (an unknown option, a missing value) do not, so they point to
+    --help."""
+    if not message.endswith(".") and "choose from" not in message:
+        message += f"; see `{prog} --help`."
+    return message
+
+
 def debug_enabled(argv: list[str]) -> bool:
     """--debug on the command line, or HOT_DEBUG=1: show tracebacks."""
     from ..common.options import options

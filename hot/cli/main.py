@@ -9,7 +9,7 @@ from typing import Optional
 from . import argtypes as T
 from . import bench, compare, demo, gbops, inspect, memory, train
 from .errors import (EXIT_ERROR, EXIT_INTERRUPTED, UsageError, debug_enabled, describe,
-                     print_traceback, report)
+                     print_traceback, report, usage_message)
 
 EPILOG = """examples:
   hot demo                                  FP32 vs HOT on Fashion-MNIST, about 5 min on 2 CPU cores
@@ -62,11 +62,7 @@ class Parser(argparse.ArgumentParser):
         super()._check_value(action, value)
 
     def error(self, message: str):
-        # Messages of hot.cli.argtypes are sentences that say what to give; argparse's own
-        # (an unknown option, a missing value) do not, so they point to --help.
-        if not message.endswith(".") and "choose from" not in message:
-            message += f"; see `{self.prog} --help`."
-        raise UsageError(self.prog, message)
+        raise UsageError(self.prog, usage_message(self.prog, message))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +93,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
         prog = f"hot {args.command}" if args.command else "hot"
+        # What the command parsed, not a --json anywhere: `hot bench step --json PATH` gives
+        # the benchmark a path, and its errors stay text.
+        as_json = bool(getattr(args, "json", as_json))
         if extra:
             raise UsageError(prog, f"unrecognized arguments: {' '.join(extra)}; see "
                                    f"`{prog} --help`.")
