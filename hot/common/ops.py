@@ -65,6 +65,9 @@ layer_backward(gy, wt, x_codes, hq, hla, hq_w, gx_dtype, gw_dtype, need_gb) -> L
     when need_gb and the backend forms it on the way, else None (the caller sums). The result
     None means "not in one call for these arguments" (also whenever one of the two GEMMs is
     degenerate): the caller composes the operations. The default has none; the fast backend has it to save host time and a read of g_y.
+    compose_layer_backward (not an operation: a function of them) is that composition, the one
+    every caller runs: hot.nn.backward where layer_backward declines, and the fast backend's
+    layer_backward on the first call for a pair of pass plans.
 """
 
 from __future__ import annotations
@@ -255,3 +258,24 @@ def layer_backward(gy: torch.Tensor, wt: torch.Tensor, x_codes: Quantized, hq: H
         return None
     out = fn(gy, wt, x_codes, hq, hla, hq_w, gx_dtype, gw_dtype, need_gb)
     return None if out is None else LayerGrads(*out)
+
+
+def compose_layer_backward(gy: torch.Tensor, wt: torch.Tensor, x_codes: Quantized, hq: HQArgs,
+                           hla: HLAArgs, hq_w: HQArgs, gx_dtype: torch.dtype,
+                           gw_dtype: torch.dtype, need_gb: bool, backend: str,
+                           gy_codes: Optional[tuple[Quantized, Quantized]] = None,
+                           gb: Optional[torch.Tensor] = None) -> LayerGrads:
+    """layer_backward by its definition: the composed operations, g_b = gy.sum(0) when need_gb.
+
+    ``gy_codes``: gy_quantize(gy, hq, hla) where a backend formed it already, on its own pass
+    (the fast layer_backward: the pass plan its one-call path needs, which also forms the bias
+    sums); ``gb``: g_y's column sums where that pass formed them (float32), cast to gy's
+    dtype after the GEMMs."""
+    qx, sx = x_codes
+    (q1, s1), (q2, s2) = gy_codes if gy_codes is not None else gy_quantize(gy, hq, hla, backend)
+    qw, sw = hq_quantize(wt, hq_w, backend)
+    gx = int_gemm_nt(q1, qw, s1, sw, gx_dtype, backend)
+    gw = int_gemm_nt(q2, qx, s2, sx, gw_dtype, backend)
+    if need_gb:
+        gb = gy.sum(0) if gb is None else gb.to(gy.dtype)
+    return LayerGrads(gx, gw, gb if need_gb else None)

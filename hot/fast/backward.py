@@ -4,8 +4,9 @@ By definition the composition of the operations (the op's docstring): the g_y pa
 bias gradient's column sums when asked), the HQ pass over W^T and both CUTLASS int8 GEMMs. None
 where one call cannot run this case exactly as the composed operations would: no extension or
 registration, or a GEMM that would not be a CUTLASS int8 GEMM; the caller then composes the
-operations. The first call for a pair of pass plans launches them in Python (which registers
-them with hot.fast.native) and composes the GEMMs; later calls are one C++ call.
+operations. The first call for a pair of pass plans is ops.compose_layer_backward with the g_y
+operands of this call's own pass plan (launched from Python, which registers the plans with
+hot.fast.native); later calls are one C++ call.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from typing import Optional
 
 import torch
 
-from ..common.ops import HLAArgs, HQArgs, LayerGrads, Quantized
+from ..common.ops import HLAArgs, HQArgs, LayerGrads, Quantized, compose_layer_backward
+from ..common.options import BackendName
 from . import native
 from .arch import arch_for
-from .gemm import cutlass_operand_ok, ext_caps, int_gemm_nt
+from .gemm import cutlass_operand_ok, ext_caps
 from .passes import bsum_capable, plan_for, step_counter
-from .quantize import gy_pass
+from .quantize import run_pass
 
+_FAST = BackendName.FAST.value
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SM90, SM80 = 0, 1  # csrc/binding.cpp layer_backward's gemm_kind
 
@@ -59,14 +62,16 @@ def layer_backward(gy: torch.Tensor, wt: torch.Tensor, x_codes: Quantized, hq: H
         return None
     cg, cw = native.plan(pg, gy), native.plan(pw, wt)
     if not cg or not cw or pg.delayed is not None:
-        # This pair of plans has not run yet: launch it in Python (which registers it) and
-        # compose; int_gemm_nt runs the same CUTLASS GEMM (_gemm_kind) as the C++ call would.
-        # A delayed HLA scale's kernels always launch from Python.
-        g = gy_pass(gy, hq, hla, bsum)
-        w = gy_pass(wt, hq_w, None)
-        return LayerGrads(int_gemm_nt(g.hq_q, w.hq_q, g.hq_s, w.hq_s, gx_dtype),
-                          int_gemm_nt(g.hla_q, qx, g.hla_s, sx, gw_dtype),
-                          g.bsum.to(gy.dtype) if bsum else None)
+        # This pair of plans has not run yet: the composed operations, whose Python launches
+        # register the plans, and whose int_gemm_nt runs the same CUTLASS GEMM (_gemm_kind) as
+        # the C++ call would. g_y's pass runs on pg itself: with the bias sums, pg is not the
+        # plan of gy_quantize, and the C++ call needs pg registered. A delayed HLA scale's
+        # kernels always launch from Python.
+        g = run_pass(gy, pg, hq, hla)
+        return compose_layer_backward(gy, wt, x_codes, hq, hla, hq_w, gx_dtype, gw_dtype,
+                                      need_gb, _FAST, (Quantized(g.hq_q, g.hq_s),
+                                                       Quantized(g.hla_q, g.hla_s)),
+                                      g.bsum if bsum else None)
     gx, gw, gb = native.layer_backward(pg, pw, cg, cw, gy, wt, qx, sx, hq, hla, hq_w, step, kind,
                                        gx_dtype, gw_dtype)
     return LayerGrads(gx, gw, gb)

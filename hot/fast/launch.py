@@ -62,8 +62,8 @@ class Direct:
 
         ``key``: the caller's own cache key, or None for (meta.key, spec of every argument).
         A caller that passes one guarantees it is at least as fine: equal keys must mean equal
-        constexprs and equal spec of every argument (hot.fast.quantize.gy_pass keys on its pass
-        plan, which fixes the shape arguments, plus spec of the arguments that vary)."""
+        constexprs and equal spec of every argument (hot.fast.quantize's Python launch keys on
+        its pass plan, which fixes the shape arguments, plus spec of the arguments that vary)."""
         if options().interpret or _hooks():
             self.fn[grid](*args, **meta.kw)
             return None

@@ -5,11 +5,15 @@ their argument handling, about 0.4 ms of host time on the H100 machines, against
 microseconds of GPU work for ViT-sized layers; small layers and whole steps then wait on the
 host (docs/performance.md).
 
-How: hot.fast.quantize launches its Triton kernels through launch.Direct; the first pass of a
-plan compiles and loads them (and runs in Python). ``register`` then hands both loaded kernels to
-the extension (csrc/triton_launch.h: their CUfunction, block size, shared memory and argument
-kinds, checked there against the cubin's own parameter list), and later passes of that plan run
-in C++ (csrc/binding.cpp ``run_pass``: the same outputs and arguments as passes.pass_args).
+How: the pass launch is a route registered behind hot.fast.quantize.run_pass (``ROUTE``;
+hot.fast registers it). The first pass of a plan launches from Python through launch.Direct,
+which compiles and loads its Triton kernels; ``register`` (the route's ``adopt``) then hands
+both loaded kernels to the extension (csrc/triton_launch.h: their CUfunction, block size, shared
+memory and argument kinds, checked there against the cubin's own parameter list), and
+``quant_pass`` (the route's ``run``) launches that plan's later passes in C++
+(csrc/binding.cpp ``run_pass``: the same outputs and arguments as passes.pass_args).
+``layer_backward`` runs both passes of a layer backward from registered plans, and its GEMMs,
+in one C++ call (hot.fast.backward).
 
 Off under the Triton interpreter, with autotuned tiles (not one fixed compiled kernel), with
 HOT_FAST_NATIVE=0, and where the extension or a registration fails; ``why_off()`` says why.
@@ -25,8 +29,8 @@ import torch
 from ..common.ops import HLAArgs, HQArgs
 from ..common.options import on_change, options
 from . import _ext
-from .passes import (PassOutputs, PassPlan, absmax_workspace, draw_arg, fixed_tile, key_arg,
-                     step_counter)
+from .passes import (PassOutputs, PassPlan, PassRoute, absmax_workspace, draw_arg, fixed_tile,
+                     key_arg, step_counter)
 
 _LOCK = threading.Lock()
 _PLANS: dict = {}  # (pass plan uid, x 16-byte aligned) -> NativePlan, or False (never)
@@ -163,8 +167,8 @@ def plan(p: PassPlan, x: torch.Tensor) -> Optional[NativePlan]:
 
 def quant_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
                hla: Optional[HLAArgs]) -> Optional[PassOutputs]:
-    """hot.fast.quantize.gy_pass(x, hq, hla, bsum=p.bsum) for plan p in one C++ call; None when
-    the plan is not registered."""
+    """hot.fast.quantize.run_pass(x, p, hq, hla) in one C++ call; None when the plan is not
+    registered."""
     cp = plan(p, x)
     if not cp:
         return None
@@ -174,6 +178,9 @@ def quant_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
         key_arg(hla.seed) if hla else 0, draw_arg(hla), step_counter(hq, hla)))
     return PassOutputs(*out)
 
+
+# The C++ pass launch, behind hot.fast.quantize.run_pass.
+ROUTE = PassRoute(run=quant_pass, adopt=register)
 
 _DT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

@@ -74,6 +74,19 @@ class PassOutputs(NamedTuple):
     bsum: Optional[torch.Tensor]
 
 
+class PassRoute(NamedTuple):
+    """A launch of a plan's passes other than from Python, registered behind
+    hot.fast.quantize.run_pass (hot.fast.native's C++ launch).
+
+    ``run(x, p, hq, hla)``: the pass's outputs as run_pass gives them (bias sums summed), or
+    None where the route does not have plan p's kernels for x. ``adopt(p, x, stats_k,
+    quantize_k, nargs)``: after a Python launch of plan p over x, the compiled kernels it ran
+    and how many runtime arguments each took; the route may take p's later passes."""
+
+    run: Callable
+    adopt: Callable
+
+
 @dataclass(frozen=True, eq=False)
 class PassPlan:
     c16: int

@@ -1,5 +1,7 @@
 """The fast quantizers: hq_quantize, hla_quantize and the fused g_y pass on the GPU (or the
-Triton interpreter).
+Triton interpreter), and run_pass, the one launch of a quantizer pass from its plan: every pass
+starts there (the three quantizers through gy_pass, the fast layer_backward's first call on its
+own plan); the C++ launch (hot.fast.native) is a route registered behind it.
 
 Same function as hot.reference (hot.common.ops states it); the stochastic rounding consumes the
 hash stream of hot.common.quant, so inside ``quant.hash_rng()`` the reference reproduces the
@@ -15,11 +17,10 @@ import torch
 
 from ..common.config import DRAWN_SELECTIONS
 from ..common.ops import HLAArgs, HQArgs, Quantized
-from . import native
 from .gemm import tag_small_codes
 from .launch import spec
-from .passes import (PassOutputs, PassPlan, check_history, fold_delayed, onepass_args, pass_args,
-                     plan_for, resident_programs)
+from .passes import (PassOutputs, PassPlan, PassRoute, check_history, fold_delayed, onepass_args,
+                     pass_args, plan_for, resident_programs)
 
 
 def _check(x: torch.Tensor, what: str) -> None:
@@ -30,6 +31,17 @@ def _check(x: torch.Tensor, what: str) -> None:
                         f"(float32, bfloat16, float16)")
 
 
+# Launches of a registered plan's passes other than from Python, tried in order before the
+# Python launch (hot.fast registers hot.fast.native's C++ launch).
+_ROUTES: list[PassRoute] = []
+
+
+def register_route(route: PassRoute) -> None:
+    """Put ``route`` behind run_pass (after those registered before it)."""
+    if route not in _ROUTES:
+        _ROUTES.append(route)
+
+
 def gy_pass(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
             bsum: bool = False) -> PassOutputs:
     """One pass over x (stats, then quantize) for HQ and/or HLA; no memset, no host sync.
@@ -37,27 +49,39 @@ def gy_pass(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
     Returns the codes and scales of each part asked for (None for the others; both parts need
     bits > 0) and, with bsum=True (HLA asked for, passes.bsum_capable()), x's column sums in
     float32 (C,) in place of the partials: summed by the stats kernel per row of tiles and then
-    over those rows, the bias gradient without another read of x.
+    over those rows, the bias gradient without another read of x. run_pass on x's plan.
     """
+    return run_pass(x, plan_for(x, hq, hla, bsum), hq, hla)
+
+
+def run_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
+             hla: Optional[HLAArgs]) -> PassOutputs:
+    """The one launch of a quantizer pass: plan p (plan_for(x, hq, hla, ...)) over x, as gy_pass
+    describes its outputs (bias sums summed when p.bsum).
+
+    A delayed HLA scale's pass launches from Python (_launch_delayed). Any other runs on the
+    first registered route that has p's kernels for x (the C++ launch, once a Python launch of p
+    registered them), else from Python (_launch_python), which offers the kernels it compiled
+    to the routes."""
     if hla is not None and hla.selection in DRAWN_SELECTIONS and hla.draw is None:
         raise ValueError(f"fast hla pass: selection {hla.selection!r} needs HLAArgs.draw")
-    p = plan_for(x, hq, hla, bsum)
     if p.delayed is not None:
-        out = launch_delayed(x, p, hq, hla)
-        return out._replace(bsum=out.bsum.sum(1)) if bsum else out
-    out = native.quant_pass(x, p, hq, hla)  # one C++ call once the plan's kernels are registered
-    if out is not None:
-        return out
-    out = launch_pass(x, p, hq, hla)
-    return out._replace(bsum=out.bsum.sum(1)) if bsum else out
+        out = _launch_delayed(x, p, hq, hla)
+    else:
+        for route in _ROUTES:
+            done = route.run(x, p, hq, hla)  # bias sums already summed
+            if done is not None:
+                return done
+        out = _launch_python(x, p, hq, hla)
+    return out._replace(bsum=out.bsum.sum(1)) if p.bsum else out
 
 
-def launch_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
-                hla: Optional[HLAArgs], history: Optional[torch.Tensor] = None) -> PassOutputs:
+def _launch_python(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
+                   hla: Optional[HLAArgs], history: Optional[torch.Tensor] = None) -> PassOutputs:
     """The pass of plan p over x launched from Python (bias sums left as per-tile partials);
-    registers the plan's kernels for native launches. ``history``: a delayed HLA scale's,
-    folded in between the two kernels (fold_delayed); such a pass is not registered, since
-    the native launch has no fold."""
+    offers the compiled kernels to the routes (``adopt``). ``history``: a delayed HLA scale's,
+    folded in between the two kernels (fold_delayed); such a pass is offered to no route,
+    since none has the fold."""
     stats_args, quantize_args, out = pass_args(x, p, hq, hla)
     # Launch keys: the plan fixes every shape argument and the alignment of the workspace view
     # and of the fresh outputs. What varies is x's alignment and the seed keys (Triton
@@ -69,7 +93,8 @@ def launch_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     kq = p.quantize(p.grid, quantize_args, p.quantize_meta,
                     (p.uid, xa, spec(quantize_args.hq_key), spec(quantize_args.hla_key)))
     if history is None:
-        native.register(p, x, ks, kq, (len(stats_args), len(quantize_args)))
+        for route in _ROUTES:
+            route.adopt(p, x, ks, kq, (len(stats_args), len(quantize_args)))
     return out
 
 
@@ -89,8 +114,8 @@ def _band_fits(p: PassPlan, args) -> bool:
     return fits
 
 
-def launch_delayed(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
-                   hla: HLAArgs) -> PassOutputs:
+def _launch_delayed(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
+                    hla: HLAArgs) -> PassOutputs:
     """A pass with a delayed HLA scale (bias sums left as per-tile partials): onepass_kernel
     then fixup_kernel where onepass_kernel serves it, else stats, fold_delayed, quantize.
     Launched from Python (no native plan)."""
@@ -102,7 +127,7 @@ def launch_delayed(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
             d.onepass((d.n_rt * d.n_ct,) if d.band else (d.n_rt, d.n_ct), one, d.onepass_meta)
             d.fixup((d.fix_g, d.n_ct), fix, d.fixup_meta)
             return out
-    return launch_pass(x, p, hq, hla, check_history(x, hla))
+    return _launch_python(x, p, hq, hla, check_history(x, hla))
 
 
 def _codes(q: torch.Tensor, bits: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ For a layer y = x W^T + b with tokens flattened to rows (x: L x I, g_y: L x O):
     backward  g_x = int_gemm_nt(hq_quantize(g_y), hq_quantize(W^T))           (HQ)
               g_W = int_gemm_nt(hla_quantize(g_y), q_x) with scales s_gy, s_x   (HLA)
               g_b = sum over tokens of g_y                                      (exact)
+              (ops.layer_backward in one call, else ops.compose_layer_backward)
 
 A frozen weight skips ABC and the g_W path; an input that needs no gradient skips the g_x path
 and does not keep W. During the layer's first ``exact_steps`` backward calls, and from call
@@ -127,18 +128,11 @@ def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_d
     gy_hla = seq_pad(gy2d, plan.seq) if need_gw else gy2d
     gx = gw = gb = None
     if need_gx and need_gw and gy_hla is gy2d:
-        wt = w2d.t()
-        out = ops.layer_backward(gy2d, wt, saved, hq, hla, hq_w, x_dtype, w_dtype, need_gb,
-                                 plan.backend)
-        if out is not None:
-            gx, gw, gb = out
-        else:
-            # Both paths quantize the same g_y: one pass (gy_quantize is by definition the pair
-            # of hq_quantize and hla_quantize with these arguments).
-            qg, qh = ops.gy_quantize(gy2d, hq, hla, plan.backend)
-            qw = ops.hq_quantize(wt, hq_w, plan.backend)
-            gx = ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, plan.backend)
-            gw = ops.int_gemm_nt(qh.q, saved.q, qh.scale, saved.scale, w_dtype, plan.backend)
+        # Both paths quantize the same g_y: one pass (layer_backward, or the composition's
+        # gy_quantize). A backend's one call may leave g_b to the sum below.
+        args = (gy2d, w2d.t(), saved, hq, hla, hq_w, x_dtype, w_dtype, need_gb, plan.backend)
+        out = ops.layer_backward(*args)
+        gx, gw, gb = out if out is not None else ops.compose_layer_backward(*args)
     else:
         if need_gx:
             qg = ops.hq_quantize(gy2d, hq, plan.backend)

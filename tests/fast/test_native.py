@@ -60,3 +60,33 @@ def test_cpu_and_reference_never_native():
     assert backward.layer_backward(*args) is None  # CPU tensors
     assert ops.layer_backward(*args, "reference") is None  # the reference has no one-call path
     assert ops.implementation("layer_backward", "fast") is backward.layer_backward
+
+
+def test_native_launch_is_a_route_behind_run_pass(monkeypatch):
+    """Every pass starts at quantize.run_pass: a registered route that has the plan runs the
+    pass (its outputs returned as they are, no Python launch); where no route has it, the pass
+    launches from Python and each route is offered the plan's kernels. hot.fast registers the
+    native C++ launch as such a route."""
+    from hot.fast import passes
+    from hot.fast import quantize as fq
+
+    assert native.ROUTE in fq._ROUTES
+    x = torch.randn(40, 24)
+    hq, hla = hq_args(4, "row", False, 1), hla_args(8, "lowpass", 8, "row", False, 2)
+    p = passes.plan_for(x, hq, hla)
+    monkeypatch.setattr(fq, "_ROUTES", [])
+    want = fq.gy_pass(x, hq, hla)
+    seen = []
+    declines = passes.PassRoute(run=lambda x_, p_, *a: seen.append(("run", p_)),
+                                adopt=lambda p_, x_, ks, kq, nargs: seen.append(("adopt", p_)))
+    fq.register_route(declines)
+    got = fq.gy_pass(x, hq, hla)
+    assert seen == [("run", p), ("adopt", p)]
+    for a, b in zip(got, want):
+        assert (a is None and b is None) or torch.equal(a, b)
+    done = passes.PassOutputs(*want)
+    has_it = passes.PassRoute(run=lambda x_, p_, *a: done if p_ is p else None,
+                              adopt=lambda *a: seen.append("adopted"))
+    monkeypatch.setattr(fq, "_ROUTES", [has_it, declines])
+    seen.clear()
+    assert fq.gy_pass(x, hq, hla) is done and seen == []

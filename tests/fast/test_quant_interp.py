@@ -277,7 +277,7 @@ def test_int32_and_int64_offsets_agree(idx64):
     hq, hla = hq_args(4, "row", True, 11), hla_args(8, "lowpass", 8, "row", True, 12)
     p = passes.plan_for(x, hq, hla)
     assert p.stats_meta.kw["IDX64"] is False
-    out = fq.launch_pass(x, _with_meta(p, IDX64=idx64), hq, hla)
+    out = fq.run_pass(x, _with_meta(p, IDX64=idx64), hq, hla)
     with quant.hash_rng():
         qr1, sr1 = ref.hq_quantize(x, hq)
         qr2, sr2 = ref.hla_quantize(x, hla)

@@ -211,6 +211,31 @@ def test_gy_quantize_is_one_operation_on_a_backend_without_a_fused_pass(monkeypa
     assert torch.equal(q1, ref.hq_quantize(x, hq).q) and torch.equal(q2, ref.hla_quantize(x, hla).q)
 
 
+def test_compose_layer_backward_is_the_definition(monkeypatch):
+    """ops.compose_layer_backward runs layer_backward's definition: gy_quantize, hq_quantize of
+    W^T, the two int_gemm_nt and g_y's column sums; given a backend's own g_y operands and
+    column sums, it uses them (gy_quantize is not called)."""
+    g = torch.Generator().manual_seed(7)
+    gy, wt = torch.randn(48, 24, generator=g), torch.randn(40, 24, generator=g)
+    hq, hq_w = HQArgs(4, ScaleMode.ROW, False, 3), HQArgs(4, ScaleMode.TENSOR, False, 5)
+    hla = HLAArgs(8, "lowpass", 8, ScaleMode.ROW, False, 4)
+    codes = ops.hla_quantize(torch.randn(48, 40, generator=g), hla, "reference")
+    (q1, s1), (q2, s2) = ops.gy_quantize(gy, hq, hla, "reference")
+    qw, sw = ops.hq_quantize(wt, hq_w, "reference")
+    want = (ops.int_gemm_nt(q1, qw, s1, sw, torch.float32, "reference"),
+            ops.int_gemm_nt(q2, codes.q, s2, codes.scale, torch.float16, "reference"))
+    args = (gy, wt, codes, hq, hla, hq_w, torch.float32, torch.float16)
+    got = ops.compose_layer_backward(*args, True, "reference")
+    assert torch.equal(got.gx, want[0]) and torch.equal(got.gw, want[1])
+    assert got.gw.dtype == torch.float16 and torch.equal(got.gb, gy.sum(0))
+    assert ops.compose_layer_backward(*args, False, "reference").gb is None
+    monkeypatch.setattr(ops, "gy_quantize", lambda *a: pytest.fail("gy_quantize called"))
+    sums = torch.ones(24)
+    own = ops.compose_layer_backward(*args, True, "reference",
+                                     (ops.Quantized(q1, s1 * 2), ops.Quantized(q2, s2)), sums)
+    assert torch.equal(own.gx, want[0] * 2) and torch.equal(own.gw, want[1]) and own.gb is sums
+
+
 _SIZES = (0, 1, 2, 17)
 
 
