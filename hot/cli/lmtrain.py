@@ -13,9 +13,7 @@ method changes.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import math
 import pathlib
@@ -34,13 +32,13 @@ from ..data import load_dataset
 from ..data.lm import IGNORE, LMData, TokenBatches, rotten_tomatoes_lm
 from ..models.llama import LLAMA_PRESETS
 from ..models.registry import build_lm, is_lm_spec
-from .common import (CLIError, device_from, emit, fmt_bytes, hot_config, log, method_recipe,
+from .common import (CLIError, device_from, emit, fmt_bytes, hot_config, method_recipe,
                      progress, render_table)
 from .methods import full_rank, rank_record
 from .fingerprint import train_fingerprint
 from .loop import Epochs, Evaluation, adamw, fit
 from .loop import lr_factor  # noqa: F401  (the LM schedule, still importable from here)
-from .outputs import claim, save, write_text
+from .outputs import claim, csv_text, save, write_text
 from .trainer import backend_summary
 
 
@@ -247,11 +245,8 @@ def run_lm(args) -> int:
     result = {"model": args.model, "dataset": args.dataset, "out": str(out),
               "wall_time_s": time.perf_counter() - t0, "fingerprint": fp, **r}
     write_text(out / "metrics.json", json.dumps(result, indent=1, default=str))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=["epoch", "step", "train_loss", "val_ppl"])
-    w.writeheader()
-    w.writerows(r["history"]["epochs"])
-    write_text(out / "metrics.csv", buf.getvalue())
+    write_text(out / "metrics.csv", csv_text(r["history"]["epochs"],
+                                             ["epoch", "step", "train_loss", "val_ppl"]))
     text = render_table(["method", "val perplexity", "uniform", "steps", "ms/step",
                          "peak memory"],
                         [[args.method, r["val_ppl"], r["uniform_ppl"], r["steps"],
