@@ -13,9 +13,7 @@ method changes.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import math
 import pathlib
@@ -34,11 +32,13 @@ from ..data import load_dataset
 from ..data.lm import IGNORE, LMData, TokenBatches, rotten_tomatoes_lm
 from ..models.llama import LLAMA_PRESETS
 from ..models.registry import build_lm, is_lm_spec
-from .common import (CLIError, device_from, emit, fmt_bytes, hot_config, log, method_recipe,
+from .common import (CLIError, device_from, emit, fmt_bytes, hot_config, method_recipe,
                      progress, render_table)
 from .methods import full_rank, rank_record
 from .fingerprint import train_fingerprint
-from .outputs import claim, save, write_text
+from .loop import Epochs, Evaluation, adamw, fit
+from .loop import lr_factor  # noqa: F401  (the LM schedule, still importable from here)
+from .outputs import claim, csv_text, save, write_text
 from .trainer import backend_summary
 
 
@@ -109,15 +109,6 @@ class LMSpec:
             raise ValueError(f"LMSpec.grad_clip={self.grad_clip}: must be positive or None.")
 
 
-def lr_factor(step: int, total: int, warmup: int) -> float:
-    """The learning-rate multiplier before optimizer step ``step`` (0-based) of ``total``:
-    (step + 1) / warmup during the warm-up, then a cosine from 1 down to 0 at ``total``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    span = max(1, total - warmup)
-    return 0.5 * (1 + math.cos(math.pi * min(step - warmup, span) / span))
-
-
 def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean"):
     """Next-token cross-entropy of ``model`` on inputs ``x``, targets ``y`` (IGNORE excluded),
     computed in float32 from the logits."""
@@ -172,61 +163,27 @@ def train_lm(spec: LMSpec = LMSpec(), device="cpu", data: Optional[LMData] = Non
         model = method.prepare(model, cfg, lambda fqn, _: fqn not in keep, spec.backend)
         full_rank(model, spec.hla_full_rank, cfg, spec.backend)
     model = model.to(device)
-    steps_per_epoch = math.ceil(len(train_b) / spec.batch_size)
-    total = steps_per_epoch * spec.epochs
-    if spec.max_steps:
-        total = min(total, spec.max_steps)
-    opt = torch.optim.AdamW(_param_groups(model, spec.weight_decay), lr=spec.lr,
-                            betas=spec.betas)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_factor(s, total, spec.warmup_steps))
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    history = {"step_loss": [], "epochs": []}
-    step, times = 0, []
-    model.train()
-    for epoch in range(spec.epochs):
-        if step >= total:
-            break
-        g = torch.Generator().manual_seed(spec.seed * 1000 + epoch)
-        chunks = list(torch.randperm(len(train_b), generator=g).split(spec.batch_size))
-        chunks = chunks[: total - step]
-        bar = progress(chunks, f"{label} epoch {epoch + 1}/{spec.epochs}")
-        for idx in bar:
-            x, y = train_b.get(idx, device)
-            _sync(device)
-            t0 = time.perf_counter()
-            with method.context(device):
-                loss = lm_loss(model, x, y)
-            loss.backward()
-            if spec.grad_clip is not None:
-                nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-            lv = float(loss.detach())
-            if not math.isfinite(lv):
-                raise FloatingPointError(f"[{label}] loss is {lv} at step {step}: training "
-                                         f"diverged (try a lower lr, or warmup_steps).")
-            history["step_loss"].append(lv)
-            step += 1
-            if hasattr(bar, "set_postfix"):
-                bar.set_postfix(loss=f"{lv:.3f}")
+    epochs = Epochs(len(train_b), spec.batch_size, spec.epochs, spec.seed, spec.max_steps)
+    opt, sched = adamw(_param_groups(model, spec.weight_decay), spec.lr, epochs.total,
+                       spec.warmup_steps, betas=spec.betas)
+
+    def validation() -> Evaluation:
         ppl, nll, n = perplexity(model, val_b, device, method.context(device), spec.eval_batch,
                                  f"{label} validation")
-        recent = history["step_loss"][-len(chunks):]
-        history["epochs"].append({"epoch": epoch + 1, "step": step, "val_ppl": ppl,
-                                  "train_loss": sum(recent) / len(recent) if recent else None})
-        log(f"[{label}] epoch {epoch + 1}: validation perplexity {ppl:.2f}")
-    times.sort()
+        return Evaluation({"val_ppl": ppl}, f"validation perplexity {ppl:.2f}",
+                          {"val_ppl": ppl, "val_nll": nll, "val_tokens": n})
+
+    done = fit(model, opt, sched, epochs, batch=lambda idx: train_b.get(idx, device),
+               loss=lambda b: lm_loss(model, *b), evaluate=validation,
+               context=lambda: method.context(device), device=device, label=label,
+               advice="try a lower lr, or warmup_steps", clip=spec.grad_clip)
+    last = done.evaluation.detail if done.evaluation else dict.fromkeys(
+        ("val_ppl", "val_nll", "val_tokens"))
     return {
-        "label": label, "method": spec.method, "device": str(device), "val_ppl": ppl,
-        "val_nll": nll, "val_tokens": n, "uniform_ppl": data.vocab, "history": history,
-        "steps": step, "time_per_step_s": times[len(times) // 2] if times else None,
-        "peak_memory_bytes": torch.cuda.max_memory_allocated(device)
-        if device.type == "cuda" else None,
+        "label": label, "method": spec.method, "device": str(device), **last,
+        "uniform_ppl": data.vocab, "history": done.progress.history,
+        "steps": done.progress.step, "time_per_step_s": done.median_step_s,
+        "peak_memory_bytes": done.peak_memory_bytes,
         "params": sum(p.numel() for p in model.parameters()),
         "hot_layers": len(hot.hot_layers(model)), "hot_backend": backend_summary(model),
         **rank_record(hot.hot_layers(model)),
@@ -249,11 +206,6 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": rest, "weight_decay": 0.0}]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def run_lm(args) -> int:
@@ -293,11 +245,8 @@ def run_lm(args) -> int:
     result = {"model": args.model, "dataset": args.dataset, "out": str(out),
               "wall_time_s": time.perf_counter() - t0, "fingerprint": fp, **r}
     write_text(out / "metrics.json", json.dumps(result, indent=1, default=str))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=["epoch", "step", "train_loss", "val_ppl"])
-    w.writeheader()
-    w.writerows(r["history"]["epochs"])
-    write_text(out / "metrics.csv", buf.getvalue())
+    write_text(out / "metrics.csv", csv_text(r["history"]["epochs"],
+                                             ["epoch", "step", "train_loss", "val_ppl"]))
     text = render_table(["method", "val perplexity", "uniform", "steps", "ms/step",
                          "peak memory"],
                         [[args.method, r["val_ppl"], r["uniform_ppl"], r["steps"],

@@ -9,6 +9,8 @@ then renamed over the target, so an interrupted write leaves the previous file i
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import pathlib
 from typing import Callable, Iterable
@@ -78,6 +80,15 @@ def write_text(path: pathlib.Path, text: str) -> None:
         with open(tmp, "w", newline="") as f:
             f.write(text)
     atomic(path, w)
+
+
+def csv_text(rows: Iterable[dict], fields: list[str]) -> str:
+    """``rows`` as CSV with the header ``fields`` (the per-epoch metrics.csv of hot train)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
 
 
 def save(obj, path: pathlib.Path) -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import pathlib
 import time
@@ -22,7 +20,7 @@ from .common import (CLIError, add_hot_args, add_json_flag, add_threads_flag, ap
 from .fingerprint import differences, refuse, train_fingerprint
 from .methods import rank_record
 from .modelargs import check_fits, check_tiny_vit
-from .outputs import add_overwrite_flag, claim, write_text
+from .outputs import add_overwrite_flag, claim, csv_text, write_text
 from .trainer import (LORA_HOT, RunSpec, checkpoint_complete, epoch_checkpoint, read_checkpoint,
                       train_run)
 
@@ -159,7 +157,8 @@ def run(args) -> int:
               "plot": str(png) if not args.no_plot and plots.available() else None, **r}
     # The metrics first: a figure that fails to draw must not cost the results.
     write_text(out / "metrics.json", json.dumps(result, indent=1, default=str))
-    write_text(out / "metrics.csv", _csv(r["history"]["epochs"]))
+    write_text(out / "metrics.csv", csv_text(r["history"]["epochs"],
+                                             ["epoch", "step", "train_loss", "test_acc"]))
     if not args.no_plot:
         plots.curves([r], png, name)
     text = render_table(["method", "test acc %", "steps", "ms/step", "peak memory",
@@ -207,10 +206,3 @@ def _already_complete(args, ck: dict) -> int:
     emit(args, result, text)
     return 0
 
-
-def _csv(rows: list[dict]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=["epoch", "step", "train_loss", "test_acc"])
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()

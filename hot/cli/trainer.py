@@ -1,5 +1,6 @@
-"""One training run: build, prepare for a method, train with AdamW + per-step cosine decay,
-evaluate per epoch, measure time per step, memory and saved bytes, checkpoint.
+"""One image or text classification run: build, prepare for a method, train through the loop
+of hot.cli.loop (AdamW, per-step cosine decay, test accuracy per epoch, time per step),
+measure memory and saved bytes, checkpoint after every epoch.
 
 Every run of a given seed starts from the same initial weights (torch.manual_seed(seed)
 before building) and sees the same data order (a generator seeded with (seed, epoch)), so two
@@ -9,9 +10,7 @@ methods differ only in what the method changes.
 from __future__ import annotations
 
 import fnmatch
-import math
 import pathlib
-import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -28,6 +27,7 @@ from . import outputs
 from .common import CLIError, log, progress
 from .errors import one_line
 from .common import method_recipe
+from .loop import Epochs, Evaluation, Progress, adamw, fit
 from .methods import full_rank
 
 
@@ -183,11 +183,6 @@ def evaluate(model, batches: Batches, method, device, bs: int, desc: str) -> flo
     return correct / max(1, len(batches))
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 LORA_HOT = ("frozen", "adapters", "both")
 
 
@@ -264,77 +259,43 @@ def train_run(builder, data, spec: RunSpec, device, label: str = "") -> dict:
     forward = torch.compile(model) if spec.compile else model
     train_b = Batches(data, "train", device, built.tokenizer, spec.max_len, spec.image_size)
     test_b = Batches(data, "test", device, built.tokenizer, spec.max_len, spec.image_size)
-    steps_per_epoch = math.ceil(len(train_b) / spec.batch_size)
-    total = steps_per_epoch * spec.epochs
-    if spec.max_steps:
-        total = min(total, spec.max_steps)
+    epochs = Epochs(len(train_b), spec.batch_size, spec.epochs, spec.seed, spec.max_steps)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / max(1, total))))
-    history = {"step_loss": [], "epochs": []}
-    start_epoch, step = 0, 0
+    opt, sched = adamw(params, spec.lr, epochs.total, weight_decay=spec.weight_decay)
+    start = Progress()
     if spec.resume:
         ck = spec.resume_state if spec.resume_state is not None else read_checkpoint(spec.resume)
         _restore(ck, spec.resume, spec.method, model, opt, sched)
-        start_epoch, step, history = ck["epoch"] + 1, ck["step"], ck["history"]
-        log(f"[{label}] resumed from {spec.resume} at epoch {start_epoch}, step {step}")
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    step_times = []
-    model.train()
-    for epoch in range(start_epoch, spec.epochs):
-        if step >= total:
-            break
-        g = torch.Generator().manual_seed(spec.seed * 1000 + epoch)
-        perm = torch.randperm(len(train_b), generator=g)
-        chunks = [c for c in perm.split(spec.batch_size)][: total - step]
-        bar = progress(chunks, f"{label} epoch {epoch + 1}/{spec.epochs}")
-        for idx in bar:
-            xb, yb = train_b.get(idx)
-            _sync(device)
-            t0 = time.perf_counter()
-            with method.context(device):
-                loss = F.cross_entropy(logits_of(forward, xb).float(), yb)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            _sync(device)
-            step_times.append(time.perf_counter() - t0)
-            lv = float(loss.detach())
-            if not math.isfinite(lv):
-                raise FloatingPointError(f"[{label}] loss is {lv} at step {step}: training "
-                                         f"diverged (try a lower --lr, or --exact-steps for a "
-                                         f"warm-up).")
-            history["step_loss"].append(lv)
-            step += 1
-            if hasattr(bar, "set_postfix"):
-                bar.set_postfix(loss=f"{lv:.3f}")
+        start = Progress(ck["epoch"] + 1, ck["step"], ck["history"])
+        log(f"[{label}] resumed from {spec.resume} at epoch {start.epoch}, step {start.step}")
+
+    def test_accuracy() -> Evaluation:
         acc = evaluate(model, test_b, method, device, spec.eval_batch, f"{label} eval")
-        history["epochs"].append({"epoch": epoch + 1, "step": step, "test_acc": acc,
-                                  "train_loss": _mean(history["step_loss"][-len(chunks):])})
-        log(f"[{label}] epoch {epoch + 1}: test accuracy {100 * acc:.2f}%")
-        if spec.checkpoint:
-            state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                     "scheduler": sched.state_dict(), "epoch": epoch, "step": step,
-                     "history": history, "rng": torch.get_rng_state(),
-                     "method": spec.method, "epochs": spec.epochs, "max_steps": spec.max_steps,
-                     "hot_config": (spec.hot_config or hot.HOTConfig()).to_dict(),
-                     "fingerprint": spec.fingerprint}
-            outputs.save(state, spec.checkpoint)
-            if spec.keep_checkpoints:
-                outputs.save(state, epoch_checkpoint(spec.checkpoint, epoch + 1))
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        return Evaluation({"test_acc": acc}, f"test accuracy {100 * acc:.2f}%")
+
+    def checkpoint(epoch: int, state: Progress) -> None:
+        ck = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+              "scheduler": sched.state_dict(), "epoch": epoch, "step": state.step,
+              "history": state.history, "rng": torch.get_rng_state(),
+              "method": spec.method, "epochs": spec.epochs, "max_steps": spec.max_steps,
+              "hot_config": (spec.hot_config or hot.HOTConfig()).to_dict(),
+              "fingerprint": spec.fingerprint}
+        outputs.save(ck, spec.checkpoint)
+        if spec.keep_checkpoints:
+            outputs.save(ck, epoch_checkpoint(spec.checkpoint, epoch + 1))
+
+    done = fit(model, opt, sched, epochs, batch=train_b.get,
+               loss=lambda b: F.cross_entropy(logits_of(forward, b[0]).float(), b[1]),
+               evaluate=test_accuracy, context=lambda: method.context(device), device=device,
+               label=label, advice="try a lower --lr, or --exact-steps for a warm-up",
+               start=start, on_epoch=checkpoint if spec.checkpoint else None)
+    history, peak = done.progress.history, done.peak_memory_bytes
     mem = measure_saved(model, train_b, method, device, spec.batch_size)
     st = state_bytes(model)
-    # The median step: on a GPU the first call of every new shape (the last, smaller batch of an
-    # epoch included) compiles Triton kernels, seconds that a mean would spread over the run.
-    times = sorted(step_times)
     result = {
         "label": label, "method": spec.method, "device": str(device),
         "test_acc": history["epochs"][-1]["test_acc"] if history["epochs"] else None,
-        "steps": step, "time_per_step_s": times[len(times) // 2] if times else None,
+        "steps": done.progress.step, "time_per_step_s": done.median_step_s,
         "peak_memory_bytes": peak,
         "peak_memory_source": "torch.cuda.max_memory_allocated" if peak is not None else
         "accounting: weights + gradients + AdamW state + all tensors saved for backward",
@@ -369,6 +330,3 @@ def measure_saved(model, batches: Batches, method, device, bs: int) -> dict:
     del loss
     return {"linear": m.layer_total, "total": m.total, "by_layer": dict(m.by_layer)}
 
-
-def _mean(v):
-    return sum(v) / len(v) if v else None
