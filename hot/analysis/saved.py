@@ -32,6 +32,17 @@ def _storage_key(t: torch.Tensor):
     return (t.device.type, t.device.index, s.data_ptr()), s.nbytes()
 
 
+def _plain(t: torch.Tensor) -> list:
+    """The plain tensors holding ``t``'s data: t itself, or a tensor subclass's inner tensors
+    (torchao's float8 tensors: the float8 data and its scale), whose storages are what memory
+    holds (the wrapper has none)."""
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if type(t) is torch.Tensor or type(t) is nn.Parameter or flatten is None:
+        return [t]
+    names, _ = flatten()
+    return [x for n in names for x in _plain(getattr(t, n))]
+
+
 class SavedTensorMeter:
     """Context manager: ``with SavedTensorMeter(model) as m: loss = f(model(x))``; then
     ``m.by_layer`` = {layer fqn: bytes}, ``m.total`` = all bytes saved, ``m.layer_total`` =
@@ -57,9 +68,14 @@ class SavedTensorMeter:
         self._mods: list[str] = []
 
     def _pack(self, t: torch.Tensor):
+        for inner in _plain(t):
+            self._count(inner)
+        return t
+
+    def _count(self, t: torch.Tensor) -> None:
         key, nbytes = _storage_key(t)
         if key in self._params:
-            return t
+            return
         where = self._stack[-1] if self._stack else OTHER
         owner = self._owner.get(key)
         if owner is not None:
@@ -69,13 +85,12 @@ class SavedTensorMeter:
                 self.by_layer[OTHER] -= nbytes
                 self.by_layer[where] = self.by_layer.get(where, 0) + nbytes
                 self._owner[key] = where
-            return t
+            return
         self._owner[key] = where
         self.by_layer[where] = self.by_layer.get(where, 0) + nbytes
         self.records[key] = [nbytes, tuple(t.shape), t.dtype,
                              self._mods[-1] if self._mods else ""]
         self.dtypes.setdefault(where, set()).add(str(t.dtype).replace("torch.", ""))
-        return t
 
     def _enter_hook(self, name: str):
         def hook(module, args):
@@ -116,6 +131,13 @@ class SavedTensorMeter:
     @property
     def total(self) -> int:
         return sum(self.by_layer.values())
+
+    def by_dtype(self) -> dict:
+        """{dtype name: bytes} over the counted storages."""
+        out: dict = defaultdict(int)
+        for nbytes, _, dtype, _ in self.records.values():
+            out[str(dtype).replace("torch.", "")] += nbytes
+        return dict(out)
 
     @property
     def layer_total(self) -> int:

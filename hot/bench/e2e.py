@@ -444,36 +444,24 @@ def _profile(step, n: int = 2, top: int = 40) -> dict:
 
 
 def _memory(step, model: nn.Module, opt, peak_gib: Optional[float]) -> dict:
-    """Where one step's memory goes (GiB): what the forward saves for backward, by dtype (each
-    storage counted once, from autograd's saved-tensor hooks, which compiled graphs call too),
-    the parameters, the optimizer's state and, of the timed steps' peak, the rest."""
-    from collections import defaultdict
+    """Where one step's memory goes (GiB): what the forward saves for backward, by dtype
+    (hot.analysis.saved.SavedTensorMeter: each storage once, parameters excluded, a float8
+    tensor as its data and scale; autograd's saved-tensor hooks, which compiled graphs call
+    too), the parameters, the optimizer's state and, of the timed steps' peak, the rest."""
+    from ..analysis.saved import SavedTensorMeter
 
-    seen, by = set(), defaultdict(int)
-
-    def pack(t):
-        try:
-            st = t.untyped_storage()
-            key = (st.data_ptr(), st.nbytes())
-            if key not in seen and st.nbytes():
-                seen.add(key)
-                by[str(t.dtype).replace("torch.", "")] += st.nbytes()
-        except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass)
-            by["other"] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    # No per-layer attribution (layer_types=()): module hooks would recompile the graph.
+    with SavedTensorMeter(model, layer_types=()) as meter:
         step()
     gib = lambda n: round(n / 2**30, 3)  # noqa: E731
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     state = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
                 if torch.is_tensor(v))
-    saved = sum(by.values())
-    out = {"saved_GiB": gib(saved), "saved_by_dtype_GiB": {k: gib(v) for k, v in by.items()},
-           "saved_by_dtype_bytes": dict(by),
-           "params_GiB": gib(params), "optimizer_state_GiB": gib(state)}
+    by = meter.by_dtype()
+    out = {"saved_GiB": gib(meter.total), "saved_by_dtype_GiB": {k: gib(v) for k, v in by.items()},
+           "saved_by_dtype_bytes": by, "params_GiB": gib(params), "optimizer_state_GiB": gib(state)}
     if peak_gib is not None:
-        out["rest_of_peak_GiB"] = round(peak_gib - (saved + params + state) / 2**30, 3)
+        out["rest_of_peak_GiB"] = round(peak_gib - (meter.total + params + state) / 2**30, 3)
     return out
 
 

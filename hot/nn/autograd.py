@@ -252,7 +252,7 @@ def _linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], k
         if qfwd:
             y, codes = _forward_gemm(layer, plan, x2d, w, b, keep and not recompute)
         else:
-            y = F.linear(x2d, w, b)
+            y = F.linear(x2d, w.to(x2d.dtype), b)
         if keep:
             return (y, *_abc_outputs(layer, plan, x2d, recompute, draw, codes))
     # While exact, x2d itself is kept (LinearFn.forward saves the input: no copy).
@@ -285,7 +285,7 @@ def _abc_outputs_fake(w, rows, seq, rank, bits, row, recompute, draw):
 
 def _linear_fwd_fake(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute,
                      draw, qfwd):
-    y = F.linear(x2d, w, b)
+    y = F.linear(x2d, w.to(x2d.dtype), b)
     if need_gw and not exact:
         return (y, *_abc_outputs_fake(w, x2d, seq, rank, bits, row, recompute, draw))
     return y, _empty(y), _empty(y), _empty(y)
@@ -355,7 +355,7 @@ def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: 
             ho, wo = conv_out_hw(x.shape, w.shape, stride, padding, dilation)
             y = y2d.reshape(x.shape[0], ho, wo, -1).permute(0, 3, 1, 2).contiguous()
         else:
-            y = F.conv2d(x, w, b, stride, padding, dilation)
+            y = F.conv2d(x, w.to(x.dtype), b, stride, padding, dilation)
         if not need_gw:
             return y, _empty(y), _empty(y), _empty(y)
         if recompute and not exact:  # ConvFn.forward keeps x
@@ -375,7 +375,7 @@ def conv_out_hw(x_shape, w_shape, stride, padding, dilation) -> tuple[int, int]:
 
 def _conv_fwd_fake(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank,
                    bits, row, recompute, draw, qfwd):
-    y = F.conv2d(x, w, b, stride, padding, dilation)
+    y = F.conv2d(x, w.to(x.dtype), b, stride, padding, dilation)
     if not need_gw:
         return y, _empty(y), _empty(y), _empty(y)
     if recompute and not exact:

@@ -302,13 +302,17 @@ class _HOTMixin:
                 f"inference, or transform the plain model (hot.unconvert(model)).")
         return needs
 
-    def _autocast(self, x, weight, bias):
+    def _autocast(self, x, bias):
+        """x and the bias as autocast would cast them. The weight is not cast here: the
+        operators read it in its own dtype (the forward GEMM casts a transient copy, HQ
+        quantizes W from it directly), so no autocast copy of W is kept for backward (on a
+        1B-parameter model 2 GiB of bf16 copies) and g_W comes out in the weight's dtype."""
         dev = x.device.type
         if torch.is_autocast_enabled(dev):
             dt = torch.get_autocast_dtype(dev)
-            x, weight = x.to(dt), weight.to(dt)
+            x = x.to(dt)
             bias = bias.to(dt) if bias is not None else None
-        return x, weight, bias
+        return x, bias
 
     def _hot_set_config(self, config: HOTConfig) -> None:
         """hot_config = ``config`` as given; what the layer runs is ``_hot_run_config``, the
@@ -355,8 +359,8 @@ class HOTLinear(_HOTMixin, nn.Linear):
         self._check_features(x)
         if not self._needs_backward(x):
             return nn.functional.linear(x, self.weight, self.bias)
-        xc, w, b = self._autocast(x, self.weight, self.bias)
-        return autograd.linear(self, xc, w, b, self._seq(xc), xc.dtype != x.dtype)
+        xc, b = self._autocast(x, self.bias)
+        return autograd.linear(self, xc, self.weight, b, self._seq(xc), xc.dtype != x.dtype)
 
     def _seq(self, x: torch.Tensor) -> int:
         """Rows per sequence (tokens) for blocking='sequence', else 0."""
@@ -390,8 +394,7 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
         """Output positions per image for blocking='sequence', else 0."""
         if self.hot_config.hla.blocking != "sequence":
             return 0
-        h = (x.shape[2] + 2 * geom[1][0] - geom[2][0] * (w.shape[2] - 1) - 1) // geom[0][0] + 1
-        wd = (x.shape[3] + 2 * geom[1][1] - geom[2][1] * (w.shape[3] - 1) - 1) // geom[0][1] + 1
+        h, wd = autograd.conv_out_hw(x.shape, w.shape, *geom)
         return h * wd
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -400,9 +403,10 @@ class HOTConv2d(_HOTMixin, nn.Conv2d):
         self._check_4d(x)
         if not self._needs_backward(x):
             return self._conv_forward(x, self.weight, self.bias)
-        xc, w, b = self._autocast(x, self.weight, self.bias)
+        xc, b = self._autocast(x, self.bias)
         geom = self._geom()
-        return autograd.conv2d(self, xc, w, b, geom, self._seq(xc, w, geom), xc.dtype != x.dtype)
+        return autograd.conv2d(self, xc, self.weight, b, geom, self._seq(xc, self.weight, geom),
+                               xc.dtype != x.dtype)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", " + self.hot_extra_repr()
