@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import json
 import math
 import os
@@ -59,6 +60,9 @@ class Setting:
     per_layer: bool = False     # ranks differ by layer: HLA kept from the run's hla_rank_share
     warmup_share: float = 0.0   # this share of the run's steps exact first (--exact-steps)
     about: str = ""
+    # Another setting this one is also compared with, paired by seed (the one it changes one
+    # thing of): its row gets pair / pair_gap / pair_gap_se, and the table a line.
+    pair: Optional[str] = None
 
 
 def recipe_setting(method: str, name: Optional[str] = None) -> Setting:
@@ -107,7 +111,7 @@ SETTINGS = {s.name: s for s in (
     Setting("hot", ("--method", "hot"), rank=8,
             about="HOTConfig(): unbiased HLA (stratified rows), HQ width auto"),
     # HOTConfig.quantized(): the same backward as "hot" with the INT8 HQ forward
-    recipe_setting("hot-q"),
+    dataclasses.replace(recipe_setting("hot-q"), pair="hot"),
     Setting("strat_hq4", ("--method", "hot", "--hq-bits", "4"), rank=8,
             about="unbiased HLA (stratified rows) with the paper's 4-bit HQ"),
     Setting("strat_hq8", ("--method", "hot", "--hq-bits", "8"), rank=8,
@@ -463,6 +467,9 @@ def collect(root: pathlib.Path, tasks: Optional[list[Task]] = None,
                    "seeds": seeds, "values": vals, "mean": mean, "sd": sd}
             if s.name != "fp32":
                 row.update(_paired_gap(shown[s.name], shown.get("fp32", {}), task.metric))
+            if s.pair in shown:
+                g = _paired_gap(shown[s.name], shown[s.pair], task.metric)
+                row.update({"pair": s.pair, **{"pair_" + k: v for k, v in g.items()}})
             one = next(iter(by_seed.values()))
             steps_run = one.get("steps") or 0
             exact = (round(s.warmup_share * steps_run) if s.warmup_share else
@@ -490,6 +497,12 @@ def markdown(rows: list[dict]) -> str:
         pk = f"{r['peak_MiB']:.0f}" if r["peak_MiB"] else ""
         lines.append(f"| {r['task']} | {r['setting']} | {len(r['seeds'])} | "
                      f"{r['mean']:.2f}{unit} ± {r['sd']:.2f} | {gap} | {kept} | {ms} | {pk} |")
+    for r in rows:
+        if "pair_gap" in r:
+            pts = " pts" if r["metric"] == "test_acc" else " %"
+            lines.append(f"\n{r['task']}: {r['setting']} against {r['pair']} (paired by seed, "
+                         f"{r['pair_paired_seeds']} seeds): {r['pair_gap']:+.2f}{pts} ± "
+                         f"{r['pair_gap_se']:.2f}")
     return "\n".join(lines)
 
 

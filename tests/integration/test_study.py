@@ -124,3 +124,21 @@ def test_table_values_follow_the_seeds_order_past_seed_9(tmp_path):
     bare = {k: v for k, v in rows["paper"].items() if k not in ("gap", "gap_se", "paired_seeds")}
     merged = {r["setting"]: r for r in study.pair([rows["fp32"], bare])}
     assert merged["paper"]["gap"] == pytest.approx(-7.5)
+
+
+def test_a_setting_is_also_paired_with_the_one_it_changes(tmp_path):
+    """hot-q (the quantized forward) is compared with hot (the same backward) seed by seed:
+    perplexity as a relative change in %, on the seeds both have."""
+    ppl = {("hot", 0): 100.0, ("hot", 1): 200.0, ("hot-q", 0): 101.0, ("hot-q", 1): 204.0,
+           ("hot-q", 2): 50.0}
+    for (setting, seed), v in ppl.items():
+        d = tmp_path / "lm" / setting / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "metrics.json").write_text(json.dumps({"val_ppl": v, "steps": 2}))
+    rows = {r["setting"]: r for r in study.collect(tmp_path, [study.TASKS["lm"]])}
+    q = rows["hot-q"]
+    assert (q["pair"], q["pair_paired_seeds"]) == ("hot", 2)
+    assert q["pair_gap"] == pytest.approx(1.5) and q["pair_gap_se"] == pytest.approx(0.5)
+    assert "pair_gap" not in rows["hot"]
+    assert "hot-q against hot (paired by seed, 2 seeds): +1.50 % ± 0.50" in study.markdown(
+        list(rows.values()))
