@@ -16,12 +16,15 @@ inside the compiled region. Every step: bf16 autocast forward, loss, backward, f
 modes; modes that share the forward (bf16, hot) give the same first loss.
 
 Mode = method + compilation:
-  method  bf16       exact, plain nn.Linear
-          hot        HOT (HOTConfig(seed=0)) on every Linear, fast backend (reference on CPU)
-          paper      the same with the paper's setting (HOTConfig.paper(): fixed low-pass HLA
-                     rows, 4-bit HQ)
-          hot_q      HOT with the quantized forward (HOTConfig.quantized(): the forward GEMM on
+  method  a recipe of hot.recipes (`hot gbops --help` lists them), with its config and seed 0,
+          on every Linear, fast backend (reference on CPU); every step runs under bf16
+          autocast whatever the recipe's own, so e.g.
+          bf16       exact, plain nn.Linear
+          hot        HOT (HOTConfig()); hot-bf16 is the same here
+          paper      the paper's setting (HOTConfig.paper(): fixed low-pass HLA rows, 4-bit HQ)
+          hot-q      HOT with the quantized forward (HOTConfig.quantized(): the forward GEMM on
                      INT8 HQ codes, the same backward as hot)
+          and two variants of hot:
           hot_ref    HOT on the reference backend inside quant.hash_rng() (the fast kernels'
                      random stream: the same computation up to rare flipped codes)
           hot_exact  the HOT wrappers with HOTConfig.exact() (exact gradients)
@@ -37,9 +40,9 @@ Mode = method + compilation:
                         .ban_recompute_materialized_backward = False (the partitioner may recompute
                         tensors that backward materializes); HOT methods then also use
                         HLAConfig(abc="recompute")
-Defaults: vit-b bf16,bf16_compile,hot,hot_compile,hot_q_compile,hot_q_compile_cg,
-float8_tw_compile; the decoders bf16,bf16_compile,hot,hot_compile,hot_compile_cg,hot_q_compile,
-hot_q_compile_cg,float8_tw_compile,float8_rw_compile.
+Defaults: vit-b bf16,bf16_compile,hot,hot_compile,hot-q_compile,hot-q_compile_cg,
+float8_tw_compile; the decoders bf16,bf16_compile,hot,hot_compile,hot_compile_cg,hot-q_compile,
+hot-q_compile_cg,float8_tw_compile,float8_rw_compile.
 
 --memory adds, per mode, where the step's memory goes: the bytes the forward saves for
 backward (autograd's saved tensors, by dtype, counted once per storage; one extra untimed
@@ -88,19 +91,24 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# e2e's methods. Its HOT and bf16 methods are recipes (hot.recipes): every step runs under
-# bf16 autocast, so "hot" is the hot-bf16 recipe (with seed 0), "hot_ref" the same on the
-# reference backend, "hot_exact" its layers with HOTConfig.exact(). The float8 methods are
-# torchao's recipes, peers measured beside HOT's, not HOT recipes.
-RECIPE_OF = {"bf16": "bf16", "hot": "hot-bf16", "hot_ref": "hot-bf16", "hot_exact": "hot-bf16",
-             "paper": "paper", "hot_q": "hot-q-bf16"}
+from .. import recipes
+
+# e2e's methods: every registered recipe (hot.recipes) under its own name, and two variants of
+# "hot": "hot_ref" on the reference backend, "hot_exact" its layers with HOTConfig.exact().
+# Every step runs under bf16 autocast, so a recipe's own autocast does not matter here. The
+# float8 methods are torchao's recipes, peers measured beside HOT's, not HOT recipes.
+HOT_VARIANTS = {"hot_ref": "hot", "hot_exact": "hot"}
 FLOAT8_RECIPES = {"float8_tw": "tensorwise", "float8_rw": "rowwise"}
-MODE_METHODS = (*RECIPE_OF, *FLOAT8_RECIPES)
+
+
+def mode_methods() -> tuple[str, ...]:
+    """The methods a mode may name: the recipes registered now, the variants, the peers."""
+    return (*recipes.names(), *HOT_VARIANTS, *FLOAT8_RECIPES)
 SUFFIXES = ("", "_compile", "_compile_cg", "_compile_ro", "_compile_rc")
 MODELS = ("vit-b", "llama-1b", "llama-tiny")
 DEFAULT_MODES = {
-    "vit-b": "bf16,bf16_compile,hot,hot_compile,hot_q_compile,hot_q_compile_cg,float8_tw_compile",
-    "llama": "bf16,bf16_compile,hot,hot_compile,hot_compile_cg,hot_q_compile,hot_q_compile_cg,"
+    "vit-b": "bf16,bf16_compile,hot,hot_compile,hot-q_compile,hot-q_compile_cg,float8_tw_compile",
+    "llama": "bf16,bf16_compile,hot,hot_compile,hot_compile_cg,hot-q_compile,hot-q_compile_cg,"
              "float8_tw_compile,float8_rw_compile",
 }
 DEFAULT_BATCH = {"vit-b": 128, "llama-1b": 16, "llama-tiny": 2}
@@ -113,7 +121,7 @@ class ModeError(ValueError):
 
 @dataclass(frozen=True)
 class Mode:
-    """A parsed mode name: method (MODE_METHODS), compile (None, 'default' or 'reduce-overhead') and
+    """A parsed mode name: method (mode_methods()), compile (None, 'default' or 'reduce-overhead') and
     recompute (the _compile_rc partitioner flag and, for HOT, abc='recompute')."""
 
     name: str
@@ -123,10 +131,10 @@ class Mode:
 
     @property
     def recipe(self):
-        """The HOT recipe of the method (hot.recipes.Recipe); None for the float8 peers."""
-        from .. import recipes
-
-        return recipes.get(RECIPE_OF[self.method]) if self.method in RECIPE_OF else None
+        """The recipe of the method (hot.recipes.Recipe); None for the float8 peers."""
+        if self.method in FLOAT8_RECIPES:
+            return None
+        return recipes.get(HOT_VARIANTS.get(self.method, self.method))
 
     @property
     def hot(self) -> bool:
@@ -135,15 +143,15 @@ class Mode:
 
 
 def parse_mode(name: str) -> Mode:
-    """The Mode of ``name`` = one of MODE_METHODS followed by one of SUFFIXES; ModeError
+    """The Mode of ``name`` = one of mode_methods() followed by one of SUFFIXES; ModeError
     otherwise."""
     for suffix in sorted(SUFFIXES, key=len, reverse=True):
         method = name[: len(name) - len(suffix)] if suffix else name
-        if name.endswith(suffix) and method in MODE_METHODS:
+        if name.endswith(suffix) and method in mode_methods():
             comp = {"": None, "_compile": "default", "_compile_rc": "default"}.get(
                 suffix, "reduce-overhead")
             return Mode(name, method, comp, suffix == "_compile_rc")
-    raise ModeError(f"mode {name!r} is not METHOD[SUFFIX] with METHOD in {list(MODE_METHODS)} "
+    raise ModeError(f"mode {name!r} is not METHOD[SUFFIX] with METHOD in {list(mode_methods())} "
                     f"and SUFFIX in {[s for s in SUFFIXES if s]} (or none), e.g. hot_compile.")
 
 

@@ -195,6 +195,12 @@ SETTINGS = {s.name: s for s in (
 DEFAULT_SETTINGS = "fp32,bf16,paper,rank16,rank4,warmup1"
 
 
+def all_settings() -> dict:
+    """SETTINGS, and every recipe registered now (hot.recipes) that no setting names, as
+    trained by ``hot train --method`` (recipe_setting): a new recipe is a setting unedited."""
+    return {**{n: recipe_setting(n) for n in recipes.names()}, **SETTINGS}
+
+
 class StudyError(ValueError):
     """Bad study arguments: says which and what to give."""
 
@@ -326,7 +332,7 @@ def _run_cell(cell: Cell, device: str, data_root: Optional[str], threads: int,
 
 def run(args) -> int:
     tasks = parse_names("--tasks", args.tasks, TASKS)
-    settings = parse_names("--settings", args.settings, SETTINGS)
+    settings = parse_names("--settings", args.settings, all_settings())
     seed_list = parse_seeds(args.seeds)
     if args.workers < 1:
         raise StudyError(f"--workers {args.workers}: give 1 or more.")
@@ -438,10 +444,10 @@ def collect(root: pathlib.Path, tasks: Optional[list[Task]] = None,
             settings: Optional[list[Setting]] = None,
             seeds: Optional[list[int]] = None) -> list[dict]:
     """One row per (task, setting) with finished cells, FP32's row first within a task;
-    ``settings`` (default: SETTINGS) are the ones looked for; with ``seeds``, of those seeds'
+    ``settings`` (default: all_settings()) are the ones looked for; with ``seeds``, of those seeds'
     cells only."""
     rows = []
-    settings = list(settings or SETTINGS.values())
+    settings = list(settings or all_settings().values())
     for task in tasks or TASKS.values():
         runs = {}
         for s in settings:
@@ -660,7 +666,8 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="run the cells that have not finished, then the table")
     r.add_argument("--out", required=True, help="study folder (one sub-folder per cell)")
     r.add_argument("--tasks", default="tinyvit-fmnist", help=f"from {', '.join(TASKS)}")
-    r.add_argument("--settings", default=DEFAULT_SETTINGS, help=f"from {', '.join(SETTINGS)}")
+    r.add_argument("--settings", default=DEFAULT_SETTINGS,
+                   help=f"from {', '.join(all_settings())} (every recipe of hot.recipes)")
     r.add_argument("--seeds", default="0,1,2", help="comma-separated, distinct")
     r.add_argument("--workers", type=_positive(int), default=4, help="cells run at once")
     r.add_argument("--device", default="cuda", help="device of every cell (cpu, cuda[:N])")

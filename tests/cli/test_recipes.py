@@ -83,6 +83,11 @@ def test_a_new_recipe_reaches_every_tool_without_editing_them(throwaway, run_cli
     from hot.bench import study
 
     assert study.recipe_setting("throwaway").flags == ("--method", "throwaway")
+    assert study.all_settings()["throwaway"].flags == ("--method", "throwaway")
+    from hot.bench import e2e
+
+    mode = e2e.parse_mode("throwaway_compile")
+    assert mode.recipe.name == "throwaway" and mode.hot and mode.compile == "default"
     rc, g = run_cli("gbops", *TINY_VIT[:-2], "--methods", "hot,throwaway")
     assert rc == 0 and g["methods"]["throwaway"] == {"model": "hot", "rank": 4}
     assert g["total_gbops"]["throwaway_backward"] < g["total_gbops"]["hot_backward"]

@@ -43,12 +43,12 @@ def test_bf16_hot_and_hot_exact_steps_share_the_forward():
 
 
 def test_quantized_forward_mode_and_memory_record():
-    """hot_q: the forward quantized (its first loss differs from bf16's, finite); --memory
+    """hot-q: the forward quantized (its first loss differs from bf16's, finite); --memory
     counts the saved tensors: the ABC codes (int8) in eager mode, the parameters exactly."""
     rb = e2e.run_mode("bf16", **TINY)
-    r = e2e.run_mode("hot_q", memory=True, abc="save", **TINY)
+    r = e2e.run_mode("hot-q", memory=True, abc="save", **TINY)
     assert "error" not in r, r.get("trace")
-    assert r["forward"] == "int8" and r["recipe"] == "hot-q-bf16" and r["abc"] == "save"
+    assert r["forward"] == "int8" and r["recipe"] == "hot-q" and r["abc"] == "save"
     assert r["losses"][0] != rb["losses"][0] and all(math.isfinite(v) for v in r["losses"])
     mem = r["memory"]
     assert mem["saved_by_dtype_bytes"]["int8"] > 0
