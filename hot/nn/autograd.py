@@ -178,6 +178,14 @@ def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: i
     return plan
 
 
+def _start(key: int, x: torch.Tensor, *flags) -> tuple:
+    """(layer, plan) of a forward operator's call: the live layer named by ``key``, checked for
+    capture, and its plan checked against the call's traced ``flags`` (_live_plan's)."""
+    layer = _layer(key)
+    _check_capturable(layer, x.device)
+    return layer, _live_plan(layer, x, *flags)
+
+
 def _step_snapshot(layer) -> torch.Tensor:
     """The layer's step counter as the forward saw it (a device copy: backward forms the ABC codes
     and draws the HLA rows with the forward's seeds, whatever backwards ran in between, and a
@@ -243,10 +251,8 @@ def _linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], k
                 need_gx: bool, need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
                 row: bool, recompute: bool, draw: bool, qfwd: bool
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    layer = _layer(key)
-    _check_capturable(layer, x2d.device)
+    layer, plan = _start(key, x2d, seq, exact, rank, bits, row, recompute, draw, qfwd)
     with no_autocast(x2d.device.type):
-        plan = _live_plan(layer, x2d, seq, exact, rank, bits, row, recompute, draw, qfwd)
         keep = need_gw and not exact
         codes = None
         if qfwd:
@@ -343,10 +349,8 @@ def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: 
               need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
               row: bool, recompute: bool, draw: bool, qfwd: bool
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    layer = _layer(key)
-    _check_capturable(layer, x.device)
+    layer, plan = _start(key, x, seq, exact, rank, bits, row, recompute, draw, qfwd)
     with no_autocast(x.device.type):
-        plan = _live_plan(layer, x, seq, exact, rank, bits, row, recompute, draw, qfwd)
         rows = codes = None
         if qfwd:  # the GEMM over the patches; its output (rows, O) as (B, O, Ho, Wo)
             rows = patches(x, w.shape[-2:], stride, padding, dilation)
