@@ -68,21 +68,44 @@ def _grads(model, x, gy):
     return [x.grad] + [p.grad for p in model.parameters()]
 
 
+# HLA settings under which the forward cannot form ABC's codes in its own pass over x (padded
+# sequences, a delayed history: the codes are formed as with the exact forward) or can.
+HLA_CASES = {"save": {"abc": "save"}, "recompute": {"abc": "recompute"},
+             "sequence": {"abc": "save", "blocking": "sequence"},
+             "delayed": {"abc": "save", "amax": "delayed", "selection": "lowpass"}}
+
+
 @pytest.mark.parametrize("kind", ["linear", "conv"])
-@pytest.mark.parametrize("abc", ["save", "recompute"])
-def test_backward_is_the_exact_forwards(kind, abc):
+@pytest.mark.parametrize("hla", list(HLA_CASES))
+def test_backward_is_the_exact_forwards(kind, hla):
     """Straight-through: the same gradients as with the exact forward, for the same g_y and
-    seeds (also where the ABC codes come from the forward's pass over x)."""
+    seeds, over two steps (also where the ABC codes come from the forward's pass over x)."""
     if kind == "linear":
         make = lambda: nn.Sequential(nn.Linear(48, 40))  # noqa: E731
-        x, gy = torch.randn(64, 48), torch.randn(64, 40)
+        x, gy = torch.randn(2, 27, 48), torch.randn(2, 27, 40)  # 27 tokens: padded sequences
     else:
         make = lambda: nn.Sequential(nn.Conv2d(4, 8, 3, padding=1))  # noqa: E731
         x, gy = torch.randn(2, 4, 8, 8), torch.randn(2, 8, 8, 8)
-    cfg = hot.HOTConfig(seed=5).replace(hla={"abc": abc})
+    cfg = hot.HOTConfig(seed=5).replace(hla=HLA_CASES[hla])
     a, b = _pair(make, cfg, cfg.replace(forward="int8"))
-    for ga, gb in zip(_grads(a, x, gy), _grads(b, x, gy)):
-        assert torch.equal(ga, gb)
+    for _ in range(2):
+        for ga, gb in zip(_grads(a, x, gy), _grads(b, x, gy)):
+            assert torch.equal(ga, gb)
+        for m in (a, b):
+            m.zero_grad()
+
+
+def test_frozen_weight_quantizes_the_forward_and_passes_g_x():
+    """A frozen base layer (LoRA): no ABC codes, the forward still quantized, g_x HOT's."""
+    torch.manual_seed(0)
+    a, b = _pair(lambda: nn.Sequential(nn.Linear(32, 24)), hot.HOTConfig(seed=2),
+                 hot.HOTConfig.quantized().replace(seed=2))
+    for m in (a, b):
+        m[0].weight.requires_grad_(False)
+    x = torch.randn(40, 32)
+    assert not torch.equal(a(x), b(x))
+    ga, gb = _grads(a, x, torch.ones(40, 24)), _grads(b, x, torch.ones(40, 24))
+    assert torch.equal(ga[0], gb[0]) and b[0].weight.grad is None
 
 
 def test_exact_phases_and_narrow_layers_run_the_exact_forward():
