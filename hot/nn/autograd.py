@@ -472,6 +472,8 @@ def _backward_2d(ctx, gy2d, unfold=None):
     saved = list(t[: ctx.n_saved]) + [None] * (3 - ctx.n_saved)  # codes or x, and the step
     if unfold is not None and ctx.need_gw:
         saved[0] = unfold(saved[0])
+    elif ctx.recompute and ctx.need_gw and ctx.traced:
+        saved[0] = _fusible_copy(saved[0])
     w2d = t[ctx.n_saved] if ctx.need_gx else None
     need_gb = ctx.has_bias and ctx.needs_input_grad[2]
     args = (gy2d, w2d, saved[0], saved[1], saved[2], ctx.key, ctx.cfg, ctx.exact, ctx.seq,
@@ -481,6 +483,15 @@ def _backward_2d(ctx, gy2d, unfold=None):
     if ctx.x_pass is not None:
         ctx.x_pass.done = True  # a later forward inside a backward is no re-run of this one
     return (gx if ctx.need_gx else None), (gw if ctx.need_gw else None), (gb if need_gb else None)
+
+
+def _fusible_copy(x: torch.Tensor) -> torch.Tensor:
+    """x, exactly, through elementwise ops a traced backward keeps (-(-x)). AOT autograd's
+    default partitioner (ban_recompute_materialized_backward=True) never rebuilds in backward a
+    tensor that an opaque operator (hot::layer_bwd) reads there; read through an elementwise op
+    it may, from what the producer's own backward keeps (a norm's input, an activation's
+    inputs), fused with this copy. A clone or ``x + 0`` would be removed as no-ops first."""
+    return x.neg().neg()
 
 
 def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional[torch.Tensor],

@@ -60,3 +60,33 @@ def test_listing_names_what_is_kept_eagerly_and_compiled():
     assert ("2", "linear_fwd[1]", "int8") in rows
     assert sum(r[0] for r in rows.values()) == meter.total
     assert all(by != "?" and "CompiledFunction" not in by for _, by, _ in rows)
+
+
+def _compiled_saved(abc: str):
+    """Bytes by dtype that a compiled step of Linear -> LayerNorm -> HOT Linear keeps, default
+    partitioner settings."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32), nn.Linear(32, 16))
+    hot.convert(m, hot.HOTConfig(seed=1).replace(hla={"abc": abc}), convert_head=True,
+                filter=lambda fqn, _: fqn == "2", backend="reference")
+    x = torch.randn(64, 8)
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        torch._dynamo.reset()
+        f = torch.compile(m, backend="inductor", fullgraph=True)
+        with SavedTensorMeter(m) as meter:
+            y = f(x)
+        y.sum().backward()
+    return meter.by_dtype()
+
+
+def test_compiled_recompute_keeps_nothing_of_its_own_under_default_settings():
+    """HLAConfig(abc="recompute") under torch.compile with the default partitioner: the HOT
+    layer's backward reads x through an elementwise copy, so the partitioner rebuilds x from what
+    LayerNorm keeps (its input and statistics) instead of keeping x: less than the codes
+    abc="save" keeps, and no int8 at all. Keeping x itself (64 x 32 float32, 8 KiB) would be
+    more than the codes (1 KiB and 128 B of scales)."""
+    save, rc = _compiled_saved("save"), _compiled_saved("recompute")
+    assert save.get("int8", 0) == 32 * (64 // 16 * 8)
+    assert "int8" not in rc
+    assert sum(rc.values()) < sum(save.values())
