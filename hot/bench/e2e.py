@@ -121,8 +121,9 @@ class ModeError(ValueError):
 
 @dataclass(frozen=True)
 class Mode:
-    """A parsed mode name: method (mode_methods()), compile (None, 'default' or 'reduce-overhead') and
-    recompute (the _compile_rc partitioner flag and, for HOT, abc='recompute')."""
+    """A parsed mode name: method (mode_methods()), compile (None, 'default' or
+    'reduce-overhead') and recompute (the _compile_rc partitioner flag and, for HOT,
+    abc='recompute')."""
 
     name: str
     method: str

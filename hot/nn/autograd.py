@@ -236,8 +236,9 @@ def quantizes_forward(cfg, exact: bool) -> bool:
     return cfg.forward != "exact" and not exact
 
 
-def _forward_gemm(layer, plan: LayerPlan, rows: torch.Tensor, w2d: torch.Tensor,
-                  b: Optional[torch.Tensor], codes: bool) -> tuple[torch.Tensor, Optional[ops.Quantized]]:
+def _forward_gemm(plan: LayerPlan, rows: torch.Tensor, w2d: torch.Tensor,
+                  b: Optional[torch.Tensor], codes: bool
+                  ) -> tuple[torch.Tensor, Optional[ops.Quantized]]:
     """The quantized forward GEMM on ``rows`` (hot.nn.forward) and, with ``codes``, ABC's codes
     of rows from the same pass where one pass can form both: no sequence padding and no
     delayed history (else None: _abc_outputs forms them)."""
@@ -256,7 +257,7 @@ def _linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], k
         keep = need_gw and not exact
         codes = None
         if qfwd:
-            y, codes = _forward_gemm(layer, plan, x2d, w, b, keep and not recompute)
+            y, codes = _forward_gemm(plan, x2d, w, b, keep and not recompute)
         else:
             y = F.linear(x2d, w.to(x2d.dtype), b)
         if keep:
@@ -271,11 +272,11 @@ def _abc_outputs(layer, plan: LayerPlan, rows: torch.Tensor, recompute: bool, dr
     ``codes``: ABC's codes already formed (by the quantized forward's pass over rows)."""
     if recompute:  # the Function keeps x: backward forms the codes
         return _empty(rows), _empty(rows), _step_snapshot(layer)
-    # A delayed x history: a re-run of this forward (activation checkpointing) reads what the
-    # first run read (hot.nn.replay).
     if codes is not None:
         q, s = codes
     elif plan.x_hist is not None:
+        # A delayed x history: a re-run of this forward (activation checkpointing) reads what
+        # the first run read (hot.nn.replay).
         q, s = replay.delayed_x_codes(layer, plan, rows)
     else:
         q, s = abc_codes(plan, rows)
@@ -354,7 +355,7 @@ def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: 
         rows = codes = None
         if qfwd:  # the GEMM over the patches; its output (rows, O) as (B, O, Ho, Wo)
             rows = patches(x, w.shape[-2:], stride, padding, dilation)
-            y2d, codes = _forward_gemm(layer, plan, rows, w.reshape(w.shape[0], -1), b,
+            y2d, codes = _forward_gemm(plan, rows, w.reshape(w.shape[0], -1), b,
                                        need_gw and not recompute)
             ho, wo = conv_out_hw(x.shape, w.shape, stride, padding, dilation)
             y = y2d.reshape(x.shape[0], ho, wo, -1).permute(0, 3, 1, 2).contiguous()
