@@ -274,9 +274,9 @@ class HOTConfig:
         channels (per-token scales for x, per-output-channel for W, round to nearest; the
         transform is orthonormal, so only the rounding changes y) and an integer GEMM
         (docs/algorithm.md §5b). The backward is unchanged: its gradients are those of the
-        exact product (straight-through). The exact phases (exact_steps, exact_from) and
-        narrow layers (min_in_features) run an exact forward too. HOTConfig.quantized() is
-        this with the default backward.
+        exact product (straight-through). The exact phases (exact_steps, exact_from), narrow
+        layers (min_in_features) and inference (no gradient needed: the plain module runs)
+        run an exact forward. HOTConfig.quantized() is this with the default backward.
     """
 
     hq: HQConfig = field(default_factory=HQConfig)

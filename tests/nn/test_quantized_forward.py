@@ -144,3 +144,15 @@ def test_forward_value_is_validated():
         hot.HOTConfig(forward="fp4")
     assert hot.HOTConfig.quantized().forward == "int8"
     assert hot.HOTConfig().forward == "exact" and hot.HOTConfig.paper().forward == "exact"
+
+
+def test_inference_runs_the_exact_forward():
+    """Only training steps quantize the forward: under torch.no_grad the layer is nn.Linear."""
+    torch.manual_seed(0)
+    lin = nn.Linear(32, 16)
+    x = torch.randn(20, 32)
+    ref = lin(x).detach()
+    lin = hot.convert(lin, hot.HOTConfig.quantized(), backend="reference")
+    with torch.no_grad():
+        assert torch.equal(lin(x), ref)
+    assert not torch.equal(lin(x).detach(), ref)
