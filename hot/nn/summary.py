@@ -25,12 +25,15 @@ EXACT = "converted, exact (narrower than min_in_features)"
 class ConvertSummary:
     """converted: HOT layers running HOT's backward; exact: HOT layers narrower than their
     config's min_in_features (their backward is exact); left: {reason: layer names} of the
-    Linear / Conv2d layers left as they are; weights: {layer name: weight elements}."""
+    Linear / Conv2d layers left as they are; weights: {layer name: weight elements};
+    quantized_forward: the converted layers whose forward GEMM is quantized too
+    (HOTConfig.forward)."""
 
     converted: tuple = ()
     exact: tuple = ()
     left: dict = field(default_factory=dict)
     weights: dict = field(default_factory=dict)
+    quantized_forward: tuple = ()
 
     @property
     def total(self) -> int:
@@ -46,14 +49,17 @@ class ConvertSummary:
 
     def to_dict(self) -> dict:
         return {"converted": list(self.converted), "exact": list(self.exact),
-                "left": {k: list(v) for k, v in self.left.items()}}
+                "left": {k: list(v) for k, v in self.left.items()},
+                "quantized_forward": list(self.quantized_forward)}
 
     def __str__(self) -> str:
         all_w = sum(self.weights.values())
         hot_w = sum(self.weights[n] for n in self.converted)
         share = f" ({100 * hot_w / all_w:.1f}% of their weights)" if all_w else ""
+        qf = (f"; forward GEMM quantized too on {len(self.quantized_forward)} of them"
+              if self.quantized_forward else "")
         lines = [f"HOT backward on {len(self.converted)} of {self.total} Linear/Conv2d "
-                 f"layers{share}"]
+                 f"layers{share}{qf}"]
         lines.append(f"  {'layers':>6}  {'weights':>11}  status: names")
         for status, names in self.rows():
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
@@ -70,15 +76,18 @@ def summary(model: nn.Module) -> ConvertSummary:
     record = model.__dict__.get(RECORD, {})
     head = output_head(model)
     parents = dict(model.named_modules())
-    converted, exact, left, weights = [], [], {}, {}
+    converted, exact, left, weights, quantized = [], [], {}, {}, []
     for fqn, mod in linear_or_conv(model):
         name = fqn or "<root>"
         weights[name] = 0 if is_lazy(mod.weight) else mod.weight.numel()
         if isinstance(mod, (HOTLinear, HOTConv2d)):
-            (exact if is_narrow(mod, mod.hot_config) else converted).append(name)
+            narrow = is_narrow(mod, mod.hot_config)
+            (exact if narrow else converted).append(name)
+            if not narrow and mod.hot_config.forward != "exact":
+                quantized.append(name)
             continue
         why = record.get(name) or reason_left(fqn, mod, parents.get(fqn.rpartition(".")[0]),
                                               head, False, False) or NOT_CONVERTED
         left.setdefault(why, []).append(name)
     return ConvertSummary(tuple(converted), tuple(exact), {k: tuple(v) for k, v in left.items()},
-                          weights)
+                          weights, tuple(quantized))

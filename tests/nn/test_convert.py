@@ -240,8 +240,14 @@ def test_summary_table_reasons_and_layers_convert_never_saw():
     assert "left: output head" in text and "groups=8" in text
     assert s.left["not converted (hot.convert did not see it)"] == ("extra",)
     assert s.to_dict()["left"]["output head"] == ["head"]
+    assert s.quantized_forward == () and "forward GEMM quantized" not in text
     hot.unconvert(model)
     assert hot.summary(model).converted == ()
+    _convert(model, config=hot.HOTConfig.quantized().replace(min_in_features=10))
+    s = hot.summary(model)
+    assert set(s.quantized_forward) == set(s.converted) and "enc.0" not in s.quantized_forward
+    assert str(s).splitlines()[0].endswith(
+        f"; forward GEMM quantized too on {len(s.converted)} of them")
 
 
 def test_lora_adapters_stay_exact_unless_asked_and_the_base_layer_converts():
