@@ -33,46 +33,37 @@ def _float(v: str) -> float:
     return x
 
 
-def positive_int(v: str) -> int:
-    """An integer of 1 or more (sizes, counts, epochs)."""
-    n = _int(v)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} is below 1; give 1 or more.")
-    return n
+def _bounded(name: str, parse, ok, message, doc: str):
+    """A ``type=`` function called ``name``: ``parse`` the text, then ArgumentTypeError with
+    ``message(text, value)`` unless ``ok(value)``."""
+    def check(v: str):
+        x = parse(v)
+        if not ok(x):
+            raise argparse.ArgumentTypeError(message(v, x))
+        return x
+
+    check.__name__ = check.__qualname__ = name
+    check.__doc__ = doc
+    return check
 
 
-def nonnegative_int(v: str) -> int:
-    """An integer of 0 or more (0 = off: warm-up steps, LoRA rank, --top)."""
-    n = _int(v)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n} is negative; give 0 or more.")
-    return n
-
-
-def positive_float(v: str) -> float:
-    """A finite number above 0 (learning rate)."""
-    x = _float(v)
-    if x <= 0:
-        raise argparse.ArgumentTypeError(f"{v} is not above 0; give a number above 0, "
-                                         f"e.g. 0.001.")
-    return x
-
-
-def nonnegative_float(v: str) -> float:
-    """A finite number of 0 or more (weight decay)."""
-    x = _float(v)
-    if x < 0:
-        raise argparse.ArgumentTypeError(f"{v} is negative; give 0 or more.")
-    return x
-
-
-def unit_fraction(v: str) -> float:
-    """A number in (0, 1] (the LQS ratio)."""
-    x = _float(v)
-    if not 0 < x <= 1:
-        raise argparse.ArgumentTypeError(f"{v} is outside (0, 1]; give a number above 0 and at "
-                                         f"most 1, e.g. 0.5.")
-    return x
+positive_int = _bounded(
+    "positive_int", _int, lambda n: n >= 1, lambda v, n: f"{n} is below 1; give 1 or more.",
+    "An integer of 1 or more (sizes, counts, epochs).")
+nonnegative_int = _bounded(
+    "nonnegative_int", _int, lambda n: n >= 0, lambda v, n: f"{n} is negative; give 0 or more.",
+    "An integer of 0 or more (0 = off: warm-up steps, LoRA rank, --top).")
+positive_float = _bounded(
+    "positive_float", _float, lambda x: x > 0,
+    lambda v, x: f"{v} is not above 0; give a number above 0, e.g. 0.001.",
+    "A finite number above 0 (learning rate).")
+nonnegative_float = _bounded(
+    "nonnegative_float", _float, lambda x: x >= 0,
+    lambda v, x: f"{v} is negative; give 0 or more.", "A finite number of 0 or more (weight decay).")
+unit_fraction = _bounded(
+    "unit_fraction", _float, lambda x: 0 < x <= 1,
+    lambda v, x: f"{v} is outside (0, 1]; give a number above 0 and at most 1, e.g. 0.5.",
+    "A number in (0, 1] (the LQS ratio).")
 
 
 def hla_rank(v: str) -> int:
