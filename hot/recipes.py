@@ -258,6 +258,7 @@ register(Recipe("hot-q", "HOT with the forward GEMM quantized too (HOTConfig.qua
 register(Recipe("hot-q-bf16", "hot-q under bf16 autocast", HOTConfig.quantized(),
                 autocast=torch.bfloat16, tunable=True, cost=Cost(gbops="hot", memory="hot-bf16")))
 
+
 def markdown() -> str:
     """The registered recipes as a markdown table (docs/api.md holds it; a test compares)."""
     rows = ["| recipe | config | autocast | forward GEMM (F) | g_x GEMM (D) | g_W GEMM (W) | "

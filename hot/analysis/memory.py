@@ -14,7 +14,9 @@ Analytic model (bytes), for a model trained with AdamW and fp32 master weights:
                                               b = 1 for 8/4-bit codes, 4 unquantized, + fp32 scales;
                                               for a Conv2d the rows are im2col patches, I = C kh kw,
                                               so a 3x3 stride-1 conv keeps 9/8 of fp32's bytes at r=8)
-      hot-bf16  hot + 2 O I                  (the bf16 copy of W kept for the g_x path)
+      hot-bf16  hot                          (HOT layers keep no autocast copy of W: they read W
+                                              in its own dtype; the layers HOT leaves standard,
+                                              grouped convs, as bf16)
     A frozen weight (LoRA base layer) saves no ABC copy under HOT (no g_W) and no x under FP.
     An input that two layers read (a ResNet block's conv1 and its downsample) is one storage:
     measured once, but modelled once per layer.
@@ -53,8 +55,7 @@ def analytic_layer_bytes(s: LayerShape, method: str, rank: int = 8, hla_bits=8,
         return (2 * s.x_numel if w_grad else 0) + (2 * s.O * s.I if keeps_w else 0)
     if method in ("hot", "hot-bf16"):
         per = 1 if hla_bits else 4
-        abc = per * math.ceil(s.L / 16) * rank * s.I + 4 * s.I + 8 * drawn if w_grad else 0
-        return abc + (2 * s.O * s.I if method == "hot-bf16" and input_needs_grad else 0)
+        return per * math.ceil(s.L / 16) * rank * s.I + 4 * s.I + 8 * drawn if w_grad else 0
     raise ValueError(f"no analytic memory model for method {method!r}")
 
 

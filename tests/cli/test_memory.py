@@ -23,7 +23,7 @@ def hot_bytes(L, I, r=8, drawn=True):
 def test_memory_per_layer_matches_formula(run_cli, tmp_path):
     b, dim = 4, 32
     rc, d = run_cli("memory", "tiny-vit", "--batch", b, "--vit-dim", dim, "--vit-depth", 1,
-                    "--methods", "fp32,bf16,hot", "--device", "cpu", "--out", tmp_path)
+                    "--methods", "fp32,bf16,hot,hot-bf16", "--device", "cpu", "--out", tmp_path)
     assert rc == 0
     assert (tmp_path / "memory.png").stat().st_size > 1000
     m = d["methods"]
@@ -35,6 +35,9 @@ def test_memory_per_layer_matches_formula(run_cli, tmp_path):
         assert m["fp32"]["layers"][name]["measured"] == fp32_bytes(rows, i), name
         assert m["hot"]["layers"][name]["measured"] == hot_bytes(rows, i), name
         assert m["hot"]["layers"][name]["analytic"] == hot_bytes(rows, i), name
+        # under autocast too: the codes alone, no cast copy of W
+        for part in ("measured", "analytic"):
+            assert m["hot-bf16"]["layers"][name][part] == hot_bytes(rows, i), (name, part)
     tot32 = sum(fp32_bytes(*v) for v in expect.values())
     tothot = sum(hot_bytes(*v) for v in expect.values())
     assert m["fp32"]["measured_saved_linear"] == tot32
