@@ -72,7 +72,7 @@ from torch.autograd.function import once_differentiable
 from ..common import ops
 from . import replay
 from .backward import (abc_codes, hla_args, hot_backward, kept_by_producer, no_autocast,
-                       patches, seq_pad)
+                       pads_sequences, patches, seq_pad)
 from .forward import quantized_gemm
 from .state import (ABC_X, DRAW, LayerPlan, config_of, draws_rows, hla_history, is_narrow,
                     layer_seed, make_plan)
@@ -243,7 +243,7 @@ def _forward_gemm(plan: LayerPlan, rows: torch.Tensor, w2d: torch.Tensor,
     of rows from the same pass where one pass can form both: no sequence padding and no
     delayed history (else None: _abc_outputs forms them)."""
     abc = None
-    if codes and plan.x_hist is None and seq_pad(rows, plan.seq) is rows:
+    if codes and plan.x_hist is None and not pads_sequences(plan.seq):
         abc = hla_args(plan, plan.seed_x, None, plan.seed_draw)
     return quantized_gemm(plan.config.forward, rows, w2d, b, plan.backend, abc)
 

@@ -31,14 +31,16 @@ from ..common.transforms import hla_untransform
 from .state import LayerPlan, begin_backward
 
 
+def pads_sequences(seq: int) -> bool:
+    """Whether seq_pad changes its input: sequences of ``seq`` rows not a multiple of 16."""
+    return seq > 0 and ops.pad_to(seq) != seq
+
+
 def seq_pad(t: torch.Tensor, seq: int) -> torch.Tensor:
     """Pad each sequence of ``seq`` consecutive rows to a multiple of 16 rows (blocking='sequence')."""
-    if seq <= 0:
+    if not pads_sequences(seq):
         return t
-    n = t.shape[0] // seq
-    s16 = ops.pad_to(seq)
-    if s16 == seq:
-        return t
+    n, s16 = t.shape[0] // seq, ops.pad_to(seq)
     return F.pad(t.reshape(n, seq, -1), (0, 0, 0, s16 - seq)).reshape(n * s16, -1)
 
 
