@@ -37,7 +37,6 @@ from .common import (CLIError, device_from, emit, fmt_bytes, hot_config, method_
 from .methods import full_rank, rank_record
 from .fingerprint import train_fingerprint
 from .loop import Epochs, Evaluation, adamw, fit
-from .loop import lr_factor  # noqa: F401  (the LM schedule, still importable from here)
 from .outputs import claim, csv_text, save, write_text
 from .trainer import backend_summary
 

@@ -8,7 +8,8 @@ import pytest
 pytest.importorskip("transformers")
 
 import hot
-from hot.cli.lmtrain import LMSpec, lr_factor, train_lm
+from hot.cli.lmtrain import LMSpec, train_lm
+from hot.cli.loop import lr_factor
 from hot.data.lm import rotten_tomatoes_lm
 
 # A CPU-sized decoder: the 30,522-token embedding and lm_head dominate its cost.
