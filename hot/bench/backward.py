@@ -25,10 +25,12 @@ import json
 import math
 import os
 import sys
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from .argparser import BenchParser, UsageErrorFactory
 from .timing import bench, copy_bandwidth, env_info, int8_rate, matmul_rate
 
 SHAPES = {
@@ -173,9 +175,21 @@ def markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="hot bench layer", description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default="vitb,llama", help="comma list of: " + ",".join(SHAPES))
+def shape_groups(text: str) -> list[str]:
+    """argparse type of --shapes: a comma list of SHAPES' groups, checked before any GPU work."""
+    groups = [s for s in text.split(",") if s]
+    for g in groups or [text]:  # an empty list names the text itself
+        if g not in SHAPES:
+            raise argparse.ArgumentTypeError(f"{g!r} is no shape group; give a comma list of "
+                                             f"{', '.join(SHAPES)}.")
+    return groups
+
+
+def main(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> int:
+    p = BenchParser(prog="hot bench layer", description=__doc__.splitlines()[0],
+                    usage_error=usage_error)
+    p.add_argument("--shapes", type=shape_groups, default="vitb,llama",
+                   help="comma list of: " + ",".join(SHAPES))
     p.add_argument("--json", default=None, help="write the results here (a new file)")
     p.add_argument("--md", default=None, help="write the Markdown table here (a new file)")
     a = p.parse_args(argv)
@@ -185,7 +199,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print(f"{p.prog}: error: it needs a CUDA GPU and none is visible here.", file=sys.stderr)
         return 2
-    res = run([s for s in a.shapes.split(",") if s])
+    res = run(a.shapes)
     md = markdown(res)
     if a.json:
         with open(a.json, "w") as f:

@@ -92,6 +92,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import recipes
+from .argparser import BenchParser, UsageErrorFactory
 
 # e2e's methods: every registered recipe (hot.recipes) under its own name, and two variants of
 # "hot": "hot_ref" on the reference backend, "hot_exact" its layers with HOTConfig.exact().
@@ -547,10 +548,10 @@ def _isolated(mode: str, batch: int, a, timeout: float) -> dict:
                 "oom": "out of memory" in p.stderr.lower(), "trace": p.stderr[-3000:]}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__[__doc__.index("Models ("):])
+def main(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> int:
+    p = BenchParser(description=__doc__.splitlines()[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter,
+                    epilog=__doc__[__doc__.index("Models ("):], usage_error=usage_error)
     p.add_argument("--model", default="vit-b", choices=MODELS)
     p.add_argument("--modes", default=None, help="comma-separated; default: per model (below)")
     p.add_argument("--batch", type=int, default=None,

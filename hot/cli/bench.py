@@ -1,5 +1,6 @@
 """`hot bench [layer|step|gpus] [ARGS]`: the benchmarks users run, each a hot.bench module whose
-main(argv) receives ARGS unchanged. Plain `hot bench [-- ARGS]` is `hot bench layer`."""
+main(argv, usage_error) receives ARGS unchanged. Plain `hot bench [-- ARGS]` is `hot bench
+layer`."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .errors import EXIT_ERROR, UsageError, usage_message
 
 
 class Benchmark(NamedTuple):
-    module: str  # a hot.bench module with main(argv) -> exit status, writing JSON to --json PATH
+    module: str  # hot.bench module: main(argv, usage_error) -> exit status; JSON to --json PATH
     about: str
     device_flag: Optional[str]  # its option that picks the device; None: always a CUDA GPU
     default_device: str  # that option's default ("auto": a GPU where one is visible, else CPU)
@@ -87,23 +88,6 @@ def asked_device(argv: list[str], b: Benchmark) -> str:
     return device
 
 
-@contextlib.contextmanager
-def one_line_usage_errors(prog: str):
-    """The benchmark modules parse their arguments with plain argparse, whose error() prints a
-    usage block and exits; under the hot command such an error is a UsageError like every other
-    (one line on stderr, status 2). argparse's error() is swapped only while one runs."""
-
-    def error(parser, message):
-        raise UsageError(prog, usage_message(prog, message))
-
-    saved = argparse.ArgumentParser.error
-    argparse.ArgumentParser.error = error
-    try:
-        yield
-    finally:
-        argparse.ArgumentParser.error = saved
-
-
 def run(args) -> int:
     name, argv = split(args.rest)
     b, prog = BENCHMARKS[name], f"hot bench {name}"
@@ -139,9 +123,14 @@ def run(args) -> int:
 
 
 def call(main, argv: list[str], prog: str) -> int:
-    """main(argv) as an exit status; its --help (argparse's SystemExit) ends it with status 0."""
+    """main(argv) as an exit status; its --help (argparse's SystemExit) ends it with status 0.
+    A bad argument is a UsageError like every other (one line on stderr, status 2): the
+    benchmark's parser (hot.bench.argparser) raises what usage_error makes of its message."""
+
+    def usage_error(message: str) -> UsageError:
+        return UsageError(prog, usage_message(prog, message))
+
     try:
-        with one_line_usage_errors(prog):
-            return int(main(argv) or 0)
+        return int(main(argv, usage_error=usage_error) or 0)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_ERROR)

@@ -7,7 +7,9 @@ import shutil
 import sys
 import tempfile
 import time
+from typing import Optional
 
+from ..argparser import UsageErrorFactory
 from . import launch, report
 from .options import OptionsError, from_args
 from .worker import NCCL_ENV
@@ -79,7 +81,7 @@ def run(opts, say=None) -> dict:
     return result
 
 
-def main(argv=None) -> int:
+def main(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> int:
     rank = _torchrun_rank()
     if rank != 0:
         print(f"rank {rank}: idle; under torchrun, rank 0 starts the benchmark's own processes "
@@ -87,8 +89,10 @@ def main(argv=None) -> int:
               flush=True)
         return 0
     try:
-        opts = from_args(argv)
+        opts = from_args(argv, usage_error)
     except OptionsError as e:
+        if usage_error is not None:  # under the hot command: its one-line usage error
+            raise usage_error(str(e)) from None
         print(f"error: {e}", file=sys.stderr)
         return 2
     run(opts)

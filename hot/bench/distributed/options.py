@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from ..argparser import BenchParser, UsageErrorFactory
 from .workloads import LLAMA_CPU, LLAMA_GPU, VIT_CPU, VIT_GPU, WORKLOADS, LlamaSize, ViTSize
 
 METHODS = ("bf16", "hot")
@@ -77,9 +78,9 @@ def _csv(flag: str, value: str, allowed: tuple, cast=str) -> tuple:
     return items
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m hot.bench.distributed",
+def parser(usage_error: Optional[UsageErrorFactory] = None) -> argparse.ArgumentParser:
+    p = BenchParser(
+        prog="python -m hot.bench.distributed", usage_error=usage_error,
         description="HOT under DDP and FSDP2 on 1 and 2 GPUs (NCCL; gloo processes on CPU): "
         "correctness checks, then step time, throughput, scaling and peak memory.")
     a = p.add_argument
@@ -137,9 +138,10 @@ def _sized(prefix: str, base, a):
                                         for k, v in given.items() if v is not None})
 
 
-def from_args(argv=None) -> Options:
-    """Options from the command line; OptionsError names a bad flag and its fix."""
-    a = parser().parse_args(argv)
+def from_args(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> Options:
+    """Options from the command line; OptionsError names a bad flag and its fix (argparse's own
+    errors: see hot.bench.argparser)."""
+    a = parser(usage_error).parse_args(argv)
     device = a.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
