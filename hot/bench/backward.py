@@ -25,7 +25,7 @@ import json
 import math
 import os
 import sys
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -55,10 +55,33 @@ def _baseline(L, O, I, dtype, tf32):
     return ms
 
 
+class StageArgs(NamedTuple):
+    """The quantizer arguments of one Linear layer's backward stages, timed one by one."""
+
+    hq: "ops.HQArgs"  # g_y's HQ (g_x path)
+    hq_w: "ops.HQArgs"  # W^T's HQ
+    hla: "ops.HLAArgs"  # g_y's HLA (g_W path)
+    hla_x: "ops.HLAArgs"  # x's HLA (ABC)
+
+
+def stage_args(cfg, token: bool, device) -> StageArgs:
+    """The stages' arguments for ``cfg`` as a Linear layer on ``device`` runs it (HLA's
+    selection "auto" and HQ's bits "auto" resolved); ``token``: LQS chose per-token g_y scales."""
+    from hot.common import ops
+    from hot.common.config import DRAWN_SELECTIONS, hq_bits
+
+    run = cfg.for_layer(conv=False)
+    h, bits = run.hla, hq_bits(run.hq.bits, device)
+    mode = ops.ScaleMode.ROW if token else ops.ScaleMode.TENSOR
+    draw = 5 if h.selection in DRAWN_SELECTIONS else None
+    hla = ops.HLAArgs(h.rank, h.selection, h.bits, ops.ScaleMode.ROW, True, 2, None, draw)
+    return StageArgs(ops.HQArgs(bits, mode, True, 1), ops.HQArgs(bits, ops.ScaleMode.ROW, True, 3),
+                     hla, hla._replace(seed=4))
+
+
 def _hot(L, O, I, cfg):
     import hot
     from hot.common import ops
-    from hot.common.config import DRAWN_SELECTIONS, hq_bits
     from hot.fast import gemm
 
     sets, layers = [], []
@@ -73,15 +96,9 @@ def _hot(L, O, I, cfg):
         layers.append(layer)
     out = {"total": bench(lambda y, x, w, g: torch.autograd.grad(y, (x, w), g, retain_graph=True),
                           sets)}
-    h, q = cfg.hla, cfg.hq
-    mode = ops.ScaleMode.ROW if int(layers[0].hot_lqs) != 0 else ops.ScaleMode.TENSOR
-    out["lqs"] = "token" if mode == ops.ScaleMode.ROW else "tensor"
-    bits = hq_bits(q.bits, "cuda")
-    hq = ops.HQArgs(bits, mode, True, 1)
-    hq_w = ops.HQArgs(bits, ops.ScaleMode.ROW, True, 3)
-    draw = 5 if h.selection in DRAWN_SELECTIONS else None
-    hla = ops.HLAArgs(h.rank, h.selection, h.bits, ops.ScaleMode.ROW, True, 2, None, draw)
-    hla_x = hla._replace(seed=4)
+    token = int(layers[0].hot_lqs) != 0
+    out["lqs"] = "token" if token else "tensor"
+    hq, hq_w, hla, hla_x = stage_args(cfg, token, "cuda")
     gys = [s[3] for s in sets]
     out["gy_pass"] = bench(lambda g: ops.gy_quantize(g, hq, hla, "fast"), [(g,) for g in gys])
     ws = [s[2] for s in sets]

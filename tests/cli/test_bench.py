@@ -12,6 +12,8 @@ import sys
 import pytest
 import torch
 
+import hot
+
 from hot.bench import e2e
 from hot.bench.argparser import BenchParser
 
@@ -214,3 +216,27 @@ def test_a_bench_parsers_subcommands_raise_the_given_error():
         p.parse_args(["run", "--n", "x"])
     with pytest.raises(Refused, match="argument --n: expected one argument"):
         p.parse_args(["run", "--n"])
+
+
+@pytest.mark.parametrize("recipe", ["hot", "paper"])
+def test_layer_benchmark_stage_args_are_the_layers(recipe):
+    """The per-layer benchmark times each backward stage with the arguments a Linear layer runs
+    with: HLAConfig.selection "auto" and HQConfig.bits "auto" resolved (the quantizers refuse
+    "auto"), a drawn selection given its draw. Each stage runs on the reference backend here."""
+    from hot.bench.backward import stage_args
+    from hot.common import ops
+    from hot.common.config import DRAWN_SELECTIONS, hq_bits
+
+    from hot.recipes import get
+
+    cfg = get(recipe).config
+    a = stage_args(cfg, True, "cpu")
+    run = cfg.for_layer(conv=False)
+    assert a.hla.selection == run.hla.selection != "auto"
+    assert (a.hla.draw is not None) == (run.hla.selection in DRAWN_SELECTIONS)
+    assert a.hq.bits == a.hq_w.bits == hq_bits(run.hq.bits, "cpu") and a.hla.rank == run.hla.rank
+    g = torch.randn(64, 48, dtype=torch.bfloat16)
+    (qg, _), (qh, _) = ops.gy_quantize(g, a.hq, a.hla, "reference")
+    assert qg.shape == (64, 48) and qh.shape == (48, 64 // 16 * run.hla.rank)
+    assert ops.hq_quantize(torch.randn(32, 48).t(), a.hq_w, "reference").q.shape == (48, 32)
+    assert ops.hla_quantize(torch.randn(64, 32), a.hla_x, "reference").q.shape == (32, 32)
