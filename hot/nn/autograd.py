@@ -323,6 +323,23 @@ class CallFlags(NamedTuple):
     qfwd: bool  # the forward GEMM runs on quantized operands (HOTConfig.forward)
 
 
+def _bias_inside(b: Optional[torch.Tensor], f: CallFlags) -> Optional[torch.Tensor]:
+    """The bias the forward operator adds: none with a quantized forward. int_gemm_nt's epilogue
+    takes no bias, so inside the operator it would be one more pass over y; added after it
+    (_bias_after), in traced code, a compiler fuses the add into y's consumer (the activation,
+    the residual add, the reshape of q/k/v)."""
+    return None if f.qfwd else b
+
+
+def _bias_after(out: tuple, b: Optional[torch.Tensor], f: CallFlags, trailing: int) -> tuple:
+    """``out`` with the bias the operator left out (_bias_inside) added to its y, broadcast
+    over y's ``trailing`` dimensions after the channels; the same values as the add inside."""
+    if not f.qfwd or b is None:
+        return out
+    y = out[0]
+    return (y + b.to(y.dtype).reshape(-1, *(1,) * (trailing - 1)), *out[1:])
+
+
 class LinearFn(torch.autograd.Function):
     """hot::linear_fwd with its backward (hot::layer_bwd)."""
 
@@ -330,10 +347,10 @@ class LinearFn(torch.autograd.Function):
     # of a setup_context Function through inspect.signature on every call (host time).
     @staticmethod
     def forward(ctx, x2d, w, b, key, f: CallFlags):
-        out = _call(linear_fwd, _linear_fwd, x2d, w, b, key, *f[1:])
+        out = _call(linear_fwd, _linear_fwd, x2d, w, _bias_inside(b, f), key, *f[1:])
         _setup_common(ctx, out, x2d, w if f.need_gx else None, key, f, x2d.shape[1], x2d.dtype,
                       w.dtype, b is not None)
-        return out
+        return _bias_after(out, b, f, 1)
 
     @staticmethod
     @_first_order
@@ -402,13 +419,14 @@ class ConvFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b, key, stride, padding, dilation, f: CallFlags):
-        out = _call(conv_fwd, _conv_fwd, x, w, b, key, stride, padding, dilation, *f[1:])
+        out = _call(conv_fwd, _conv_fwd, x, w, _bias_inside(b, f), key, stride, padding,
+                    dilation, *f[1:])
         # while exact, the patches (in q's place) are what backward needs of x
         _setup_common(ctx, out, None if f.exact else x, w.reshape(w.shape[0], -1) if f.need_gx
                       else None, key, f, w[0].numel(), x.dtype, w.dtype, b is not None)
         ctx.geom = (tuple(stride), tuple(padding), tuple(dilation))
         ctx.x_shape, ctx.w_shape = tuple(x.shape), tuple(w.shape)
-        return out
+        return _bias_after(out, b, f, 3)
 
     @staticmethod
     @_first_order

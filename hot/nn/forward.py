@@ -50,7 +50,7 @@ def quantized_gemm(mode: str, rows: torch.Tensor, w2d: torch.Tensor, b: Optional
         qx, codes = ops.hq_quantize(rows, a, backend), None
     qw = ops.hq_quantize(w2d, a, backend)
     y = ops.int_gemm_nt(qx.q, qw.q, qx.scale, qw.scale, rows.dtype, backend)
-    if b is not None:  # int_gemm_nt's epilogue takes no bias: one more pass over y
-        y.add_(b.to(y.dtype))
+    if b is not None:  # int_gemm_nt's epilogue takes no bias: one more pass over y (HOT's
+        y.add_(b.to(y.dtype))  # Functions add it after the operator instead, where it fuses)
     return y, codes
 

@@ -156,3 +156,50 @@ def test_inference_runs_the_exact_forward():
     with torch.no_grad():
         assert torch.equal(lin(x), ref)
     assert not torch.equal(lin(x).detach(), ref)
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_bias_is_added_after_the_operator(kind):
+    """With a quantized forward the bias is added after hot::linear_fwd / hot::conv_fwd, in the
+    traced graph (so a compiler fuses it into y's consumer instead of a pass of its own over y),
+    and the outputs and gradients are those of the bias added inside, bit for bit."""
+    from hot.nn import autograd as ag
+
+    torch.manual_seed(0)
+    if kind == "linear":
+        make, x = (lambda: nn.Sequential(nn.Linear(32, 48), nn.GELU())), torch.randn(24, 32)
+    else:
+        make, x = (lambda: nn.Sequential(nn.Conv2d(16, 32, 3), nn.GELU())), torch.randn(2, 16, 6, 6)
+    cfg = hot.HOTConfig.quantized().replace(seed=3)
+    a, b = _pair(make, cfg, cfg)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    cb = torch.compile(b, backend=capture, fullgraph=True)
+    ya, yb = a(x), cb(x)
+    assert torch.equal(ya, yb)
+    op = ag.linear_fwd if kind == "linear" else ag.conv_fwd
+    # the Function's forward is a subgraph of dynamo's graph (autograd_function_apply)
+    calls = [n for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
+             for n in m.graph.nodes if n.target in (op, op.overloadpacket)]
+    assert calls and all(n.args[2] is None for n in calls)
+    # the same values as the bias added inside the operator (its body, called with the bias)
+    layer = a[0]
+    flags = ag._flags(layer, x, layer.weight, 0, None)
+    with torch.no_grad():  # as inside the Function's forward
+        inside = _body_with_bias(ag, kind, layer, x, flags)
+    assert torch.equal(torch.nn.functional.gelu(inside), ya)
+    ga, gb = _grads(a, x, torch.ones_like(ya)), _grads(cb, x, torch.ones_like(yb))
+    for u, v in zip(ga, gb):
+        torch.testing.assert_close(u, v, rtol=0, atol=0)
+
+
+def _body_with_bias(ag, kind, layer, x, flags):
+    """The forward operator's body called with the layer's bias (added inside, as before)."""
+    if kind == "linear":
+        return ag._linear_fwd(x, layer.weight, layer.bias, layer._hot_key, *flags[1:])[0]
+    geom = [list(g) for g in layer._geom()]
+    return ag._conv_fwd(x, layer.weight, layer.bias, layer._hot_key, *geom, *flags[1:])[0]
