@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import hot
-
 from hot.bench import e2e
 from hot.bench.argparser import BenchParser
 
