@@ -365,12 +365,13 @@ def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
             loss = step(warmup + i)
             times.append(1e3 * (time.perf_counter() - t))
         losses.append(float(loss))
+    in_order = [round(t, 3) for t in times]  # the spread and any drift, for the reader to judge
     times.sort()
     out = {"mode": md.name, "model": w.model, "batch": w.batch, "seq": w.seq,
            "device": torch.cuda.get_device_name(dev) if cuda else str(dev),
            "params": sum(p.numel() for p in m.parameters()),
            "step_ms": times[len(times) // 2] if times else None,
-           "min_ms": times[0] if times else None,
+           "min_ms": times[0] if times else None, "step_times_ms": in_order,
            "peak_GiB": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
            # CUDA graphs keep their intermediates in a private pool that is reserved, not
            # allocated, between replays: only the reserved peak shows what such a mode needs.

@@ -33,6 +33,10 @@ def test_bf16_hot_and_hot_exact_steps_share_the_forward():
         assert "error" not in r, r.get("trace")
         assert len(r["losses"]) == 2 and all(math.isfinite(v) for v in r["losses"])
         assert r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["seq"] == 32
+        # every timed step, in run order; step_ms and min_ms are their median and minimum
+        t = r["step_times_ms"]
+        assert len(t) == len(r["losses"]) - TINY["warmup"] and min(t) == round(r["min_ms"], 3)
+        assert sorted(t)[len(t) // 2] == round(r["step_ms"], 3)
     # Same seed, same batch, same weights before the first update: HOT changes only backward.
     assert rs["bf16"]["losses"][0] == rs["hot"]["losses"][0] == rs["hot_exact"]["losses"][0]
     layers = 7 * 4 + 1  # llama-tiny: 4 blocks of 7 Linears, and lm_head
