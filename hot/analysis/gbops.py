@@ -1,4 +1,5 @@
-"""Backward-pass operation counts per layer: FP, HOT, LBP-WHT and LUQ.
+"""Operation counts per layer: the backward of FP, HOT, LBP-WHT and LUQ, and the forward, exact
+or quantized (HOTConfig.forward).
 
 Units. A *bit-operation* (BOP) count weights every operation by the product of its operand
 widths, as the official calculator (gbops_calculation.py) does: an FP32 multiply-accumulate or
@@ -11,6 +12,9 @@ For one layer with GEMM shape (L, O, I) (see ``hot.analysis.shapes``), n = 16 (t
 block), r = HLA rank, lg = log2(n):
 
     FP forward                 L O I MACs
+    quantized forward (hot.nn.forward, ``bits`` 8), counted as Table 5 counts HQ:
+      2LI lg + 2OI lg + 2LI + 2OI + 2LO FLOPs   (HT of x and W along I, quantize, dequant y)
+      L O I INT8 MACs
     FP backward                2 L O I MACs                     (g_x = g_y W, g_W = g_y^T x)
     HOT backward, Table 5:
       g_x overhead  2LO lg + 2IO lg + 2LO + 2IO   FLOPs         (HT of g_y and W, quantize)
@@ -60,8 +64,16 @@ class Counts:
                 + self.int4x8_macs * INT4x8_MAC)
 
 
-def forward_counts(s: LayerShape) -> Counts:
-    return Counts(fp_ops=s.L * s.O * s.I)
+def forward_counts(s: LayerShape, bits: Optional[int] = None, n: int = 16) -> Counts:
+    """Forward counts of one layer: FP32 MACs, or with ``bits`` (HOTConfig.forward's width) the
+    quantized forward: HQ of x and W along I, then the integer GEMM (module docstring)."""
+    L, O, I = s.L, s.O, s.I
+    if bits is None:
+        return Counts(fp_ops=L * O * I)
+    if bits != 8:
+        raise ValueError(f"forward bits {bits!r}: the quantized forward is counted at 8 bits")
+    lg = math.log2(n)
+    return Counts(fp_ops=L * I * lg + O * I * lg + L * I + O * I + L * O, int8_macs=L * O * I)
 
 
 def backward_counts(s: LayerShape, method: str, rank: int = 8, n: int = 16,
@@ -95,27 +107,38 @@ def backward_counts(s: LayerShape, method: str, rank: int = 8, n: int = 16,
 
 def table(shapes: list[LayerShape], rank: int = 8, convention: str = "table5",
           hot_applies=lambda s: s.groups == 1, columns: Optional[dict] = None) -> dict:
-    """Per-layer and total GBOPs: forward, and backward for every column. ``columns`` maps a
-    column's name to (counting model, HLA rank), e.g. a recipe's name to its Cost.gbops and
-    rank; default: every model of MODELS under its own name at ``rank``. A row has
-    ``{column}_bwd_gbops``, the totals ``{column}_backward``."""
-    columns = columns if columns is not None else {m: (m, rank) for m in MODELS}
-    for name, (model, _) in columns.items():
+    """Per-layer and total GBOPs: the exact forward, and the backward for every column.
+    ``columns`` maps a column's name to (counting model, HLA rank) or (counting model, HLA
+    rank, forward bits), e.g. a recipe's name to its Cost.gbops, rank and quantized forward's
+    width (None: exact); default: every model of MODELS under its own name at ``rank``. A row
+    has ``{column}_bwd_gbops`` and, for a column with forward bits, ``{column}_fwd_gbops``
+    (a layer HOT leaves exact runs its forward exactly too); the totals ``{column}_backward``
+    and ``{column}_forward``."""
+    columns = {c: (*v, None)[:3] for c, v in
+               (columns if columns is not None else {m: (m, rank) for m in MODELS}).items()}
+    for name, (model, _, _) in columns.items():
         if model not in MODELS:
             raise ValueError(f"column {name!r}: counting model {model!r} is not one of {MODELS}")
     rows = []
-    tot = {"forward": 0.0, **{c: 0.0 for c in columns}}
+    tot = {"forward": 0.0, **{c: 0.0 for c in columns},
+           **{f"{c}_forward": 0.0 for c, v in columns.items() if v[2]}}
     for s in shapes:
         row = {"layer": s.name, "L": s.L, "O": s.O, "I": s.I, "trainable": s.trainable,
                "forward_gbops": forward_counts(s).bops / 1e9}
         tot["forward"] += row["forward_gbops"]
-        for c, (model, r) in columns.items():
+        for c, (model, r, fbits) in columns.items():
             n = backward_counts(s, model, r, convention=convention, hot_applies=hot_applies(s))
             row[f"{c}_bwd_gbops"] = n.bops / 1e9
             tot[c] += n.bops / 1e9
+            if fbits:
+                f = forward_counts(s, fbits if hot_applies(s) else None)
+                row[f"{c}_fwd_gbops"] = f.bops / 1e9
+                tot[f"{c}_forward"] += f.bops / 1e9
         row["fp_bwd_flops"] = 2 * backward_counts(s, "fp").fp_ops
         if hot_applies(s):
             row["hot_overhead_flops"] = 2 * backward_counts(s, "hot", rank, convention=convention).fp_ops
         rows.append(row)
     return {"convention": convention, "rank": rank, "layers": rows,
-            "total_gbops": {"forward": tot["forward"], **{f"{c}_backward": tot[c] for c in columns}}}
+            "total_gbops": {"forward": tot["forward"], **{f"{c}_backward": tot[c] for c in columns},
+                            **{f"{c}_forward": tot[f"{c}_forward"] for c, v in columns.items()
+                               if v[2]}}}

@@ -90,7 +90,7 @@ def test_cli_gbops_columns_are_recipes_with_their_own_rank(run_cli, run_text):
     args = ("gbops", "tiny-vit", "--vit-dim", 32, "--vit-depth", 1)
     rc, d = run_cli(*args, "--methods", "fp32,hot,hlq,lbp-wht")
     assert rc == 0
-    assert d["methods"]["hot"] == {"model": "hot", "rank": 8}
+    assert d["methods"]["hot"] == {"model": "hot", "rank": 8, "forward_bits": None}
     tot = d["total_gbops"]
     assert tot["hlq_backward"] == tot["hot_backward"]  # the same GEMMs and quantizers
     rc, d4 = run_cli(*args, "--methods", "hot", "--rank", 4)
@@ -98,3 +98,34 @@ def test_cli_gbops_columns_are_recipes_with_their_own_rank(run_cli, run_text):
     assert d4["total_gbops"]["hot_backward"] < tot["hot_backward"]
     rc, _, err = run_text(*args, "--methods", "int4")
     assert rc == 2 and "int4" in err and err.count("\n") == 1
+
+
+def test_quantized_forward_counts_hq_of_x_and_w_then_the_int8_gemm():
+    """HOTConfig(forward="int8"), counted as Table 5 counts HQ: the transforms of x (L x I) and
+    W (O x I) along I, their quantization, the dequantized output, and L O I INT8 MACs."""
+    L, O, I = 64, 48, 32
+    s = LayerShape("x", "linear", L, O, I)
+    c = G.forward_counts(s, 8)
+    flops = 2 * L * I * LG + 2 * O * I * LG + 2 * L * I + 2 * O * I + 2 * L * O
+    assert c.fp_ops == pytest.approx(flops / 2) and c.int8_macs == L * O * I
+    assert c.bops == pytest.approx(flops / 2 * 1024 + L * O * I * 64)
+    assert G.forward_counts(s).bops == L * O * I * 1024  # exact: FP32 MACs
+    with pytest.raises(ValueError, match="8 bits"):
+        G.forward_counts(s, 4)
+
+
+def test_cli_gbops_counts_the_forward_of_a_recipe_that_quantizes_it(run_cli, run_text):
+    """hot-q's column has its own forward (its recipe's F operands: INT8); its backward is
+    hot's. Methods with an exact forward share the fwd column."""
+    args = ("gbops", "tiny-vit", "--vit-dim", 32, "--vit-depth", 1, "--methods", "fp32,hot,hot-q")
+    rc, d = run_cli(*args)
+    assert rc == 0
+    methods = d["methods"]
+    assert methods["hot-q"]["forward_bits"] == 8 and methods["hot"]["forward_bits"] is None
+    tot = d["total_gbops"]
+    assert tot["hot-q_backward"] == tot["hot_backward"] and "hot_forward" not in tot
+    want = sum(G.forward_counts(LayerShape(r["layer"], "linear", r["L"], r["O"], r["I"]), 8).bops
+               for r in d["layers"]) / 1e9
+    assert tot["hot-q_forward"] == pytest.approx(want) and tot["hot-q_forward"] < tot["forward"]
+    rc, text, _ = run_text(*args[:-2], "--methods", "fp32,hot-q")
+    assert rc == 0 and "hot-q fwd" in text and "forward + backward" in text
