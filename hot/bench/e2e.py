@@ -230,6 +230,7 @@ class HotTweaks(NamedTuple):
     min_in_features: int = 0  # HOTConfig(min_in_features=...)
     hla_amax: str = "current"  # HLAConfig(amax=...)
     abc: Optional[str] = None  # HLAConfig(abc=...); None: the recipe's
+    hla_share: str = "none"  # HLAConfig(share=...)
 
 
 def _prepare(m: nn.Module, mode: Mode, w: Workload, tw: HotTweaks) -> dict:
@@ -247,12 +248,14 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, tw: HotTweaks) -> dict:
             cfg = cfg.replace(min_in_features=tw.min_in_features)
         if tw.hla_amax != "current" and mode.method != "hot_exact":
             cfg = cfg.replace(hla={"amax": tw.hla_amax})
+        if tw.hla_share != "none" and mode.method != "hot_exact":
+            cfg = cfg.replace(hla={"share": tw.hla_share})
         backend = "reference" if mode.method == "hot_ref" or dev.type != "cuda" else "fast"
         filt = (lambda fqn, _: fqn != w.head) if tw.exclude_head else None
         recipe.prepare(m, cfg, filter=filt, backend=backend)
         return {"recipe": recipe.name, "hot_backend": backend, "hot_layers": len(hot.hot_layers(m)),
                 "min_in_features": tw.min_in_features, "hla_amax": cfg.hla.amax,
-                "abc": cfg.hla.abc, "forward": cfg.forward}
+                "abc": cfg.hla.abc, "hla_share": cfg.hla.share, "forward": cfg.forward}
     if mode.method in FLOAT8_RECIPES:
         try:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -276,11 +279,11 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
               profile: bool = False, *, model: str = "vit-b", seq: Optional[int] = None,
               device: str = "cuda", exclude_head: bool = False,
               min_in_features: int = 0, hla_amax: str = "current", abc: Optional[str] = None,
-              memory: bool = False) -> dict:
+              memory: bool = False, hla_share: str = "none") -> dict:
     """Train ``warmup`` + ``steps`` steps of ``model`` in ``mode`` (see the module docstring);
     the record of the timed steps. Raises on failure (run_mode turns that into a record).
-    exclude_head, min_in_features, hla_amax, abc: HotTweaks."""
-    tw = HotTweaks(exclude_head, min_in_features, hla_amax, abc)
+    exclude_head, min_in_features, hla_amax, abc, hla_share: HotTweaks."""
+    tw = HotTweaks(exclude_head, min_in_features, hla_amax, abc, hla_share)
     md = parse_mode(mode)
     w = _workload(model, batch, seq, device)
     if md.compile == "reduce-overhead" and torch.device(device).type != "cuda":
@@ -535,6 +538,7 @@ def _isolated(mode: str, batch: int, a, timeout: float) -> dict:
         cmd += ["--min-in-features", str(a.min_in_features)] if a.min_in_features else []
         cmd += ["--hla-amax", a.hla_amax]
         cmd += ["--abc", a.abc] if a.abc else []
+        cmd += ["--hla-share", a.hla_share]
         base = {"mode": mode, "model": a.model, "batch": batch}
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -579,6 +583,9 @@ def main(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> int:
                    help="HLAConfig(amax=...) in the HOT modes (delayed: one read of g_y and x)")
     p.add_argument("--abc", choices=("save", "recompute", "auto"), default=None,
                    help="HLAConfig(abc=...) in the HOT modes (default: the recipe's, auto)")
+    p.add_argument("--hla-share", choices=("none", "siblings"), default="none",
+                   help="HLAConfig(share=...) in the HOT modes (siblings: layers reading one "
+                        "input form its codes once under torch.compile)")
     p.add_argument("--memory", action="store_true",
                    help="also record where the memory goes: saved tensors by dtype, parameters, "
                         "optimizer state, the rest of the peak (one extra untimed step)")
@@ -603,7 +610,7 @@ def main(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> int:
     modes = (a.modes or DEFAULT_MODES["llama" if a.model.startswith("llama") else a.model])
     kw = dict(warmup=a.warmup, steps=a.steps, profile=a.profile, model=a.model, seq=a.seq,
               device=a.device, exclude_head=a.exclude_head, min_in_features=a.min_in_features,
-              hla_amax=a.hla_amax, abc=a.abc, memory=a.memory)
+              hla_amax=a.hla_amax, abc=a.abc, memory=a.memory, hla_share=a.hla_share)
     res = []
     for mode in [m for m in modes.split(",") if m]:
         if a.in_process:

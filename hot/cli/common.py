@@ -131,7 +131,7 @@ _DEFAULT = HOTConfig()  # the flags' defaults are HOTConfig()'s, never restated
 HOT_FLAGS = {"hq_bits": ("hq", "bits"), "gy_scale": ("hq", "gy_scale"),
              "hla_rank": ("hla", "rank"), "hla_selection": ("hla", "selection"),
              "hla_blocking": ("hla", "blocking"), "hla_bits": ("hla", "bits"),
-             "abc": ("hla", "abc"), "hla_amax": ("hla", "amax"),
+             "abc": ("hla", "abc"), "hla_amax": ("hla", "amax"), "hla_share": ("hla", "share"),
              "lqs_ratio": ("lqs", "ratio"), "exact_steps": (None, "exact_steps"),
              "int8_steps": (None, "int8_steps"), "exact_from": (None, "exact_from"),
              "forward": (None, "forward")}
@@ -176,6 +176,10 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
     add("--hla-amax", choices=("current", "delayed"),
         help="g_W path channel scales: this pass's absmax (current, paper) or the previous "
              "pass's, checked against this one's (delayed: one read of g_y and x on the GPU)")
+    add("--hla-share", choices=("none", "siblings"),
+        help="siblings: Linear layers of one parent and input width share the seeds of x's "
+             "codes, so layers reading one input (q/k/v, gate/up) form its codes once under "
+             "torch.compile")
     add("--lqs-ratio", type=T.unit_fraction, help="LQS threshold, in (0, 1]")
     add("--forward", choices=FORWARDS,
         help="the forward GEMM: exact, or int8 (HQ on x and W, round to nearest)")

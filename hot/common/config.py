@@ -148,6 +148,13 @@ class HLAConfig:
         backend then quantizes from one read and re-reads only the channels outside that
         window (docs/algorithm.md, "One read with a delayed scale"). Needs scale="channel"
         and bits.
+    share: whose seeds a Linear layer's ABC codes and drawn rows follow. "none" (default): the
+        layer's own. "siblings": those of the first Linear layer of its parent module with the
+        same in_features and config (hot.nn.groups), so layers that read one input (q, k, v;
+        gate, up) form the same codes of it, which torch.compile then forms once (one pass
+        over x instead of one per layer, and one copy kept for backward). Each layer's g_W
+        stays unbiased; sibling layers' errors become correlated. Needs amax="current" (a
+        delayed scale is per layer).
     """
 
     rank: int = 8
@@ -158,6 +165,7 @@ class HLAConfig:
     rounding: str = "stochastic"
     abc: str = "auto"
     amax: str = "current"
+    share: str = "none"
 
     def __post_init__(self) -> None:
         _check_int("HLAConfig.rank", self.rank, f"use one of {VALID_RANKS}.")
@@ -183,6 +191,12 @@ class HLAConfig:
                 f"HLAConfig(amax='delayed') needs a fixed row selection, not "
                 f"selection={self.selection!r} (a drawn selection's scales are the absmax of "
                 f"every row): use selection='lowpass' or amax='current'.")
+        _check_choice("HLAConfig.share", self.share, ("none", "siblings"))
+        if self.share != "none" and self.amax == "delayed":
+            raise HOTConfigError(
+                f"HLAConfig(share={self.share!r}) needs amax='current', not 'delayed': a delayed "
+                f"scale is the layer's own history, so sibling layers would form different "
+                f"codes of one input. Use share='none' or amax='current'.")
         if self.amax == "delayed" and (self.scale != "channel" or self.bits is None):
             raise HOTConfigError(
                 f"HLAConfig(amax='delayed') needs scale='channel' and bits 4 or 8, not "

@@ -1,7 +1,7 @@
 """The autograd Functions of HOT layers, one per layer type, used eagerly and under torch.compile.
 
 A HOT layer's backward reads and advances per-layer state on every call (step counter, seeds,
-LQS), which a traced graph would freeze into constants. So the HOT work sits inside three
+LQS), which a traced graph would freeze into constants. So the HOT work sits inside
 operators declared with torch.library, opaque to the compiler, whose Python bodies read that
 state at run time:
 
@@ -24,6 +24,13 @@ state at run time:
                                   step fwd_step, whose seeds a drawn selection's backward
                                   follows too; cfg_key names the forward's config, which
                                   backward runs with)
+
+and, for Linear layers under HLAConfig(share="siblings") (hot.nn.groups), the forward split in
+two so that sibling layers reading one x share the pass over it:
+
+    hot::x_codes(x2d, source key, seq, rank, bits, row, draw, qfwd)
+        -> (codes of x for the quantized forward GEMM, q_x, s_x, step)   (the source's seeds)
+    hot::coded_fwd(x2d, W, b, those codes, key, <linear_fwd's flags>) -> y2d
 
 ``LinearFn`` / ``ConvFn`` wire them: forward runs the forward operator and keeps what backward
 needs (one convention for both layer types: the ABC codes, or x while exact or
@@ -62,6 +69,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import threading
 import weakref
 from typing import NamedTuple, Optional
 
@@ -73,7 +81,8 @@ from ..common import ops
 from . import replay
 from .backward import (abc_codes, hla_args, hot_backward, kept_by_producer, no_autocast,
                        pads_sequences, patches, seq_pad)
-from .forward import quantized_gemm
+from .forward import coded_gemm, forward_args, quantized_gemm, row_codes
+from .groups import abc_source
 from .state import (ABC_X, DRAW, LayerPlan, config_of, draws_rows, hla_history, is_narrow,
                     layer_seed, make_plan)
 
@@ -271,7 +280,7 @@ def _abc_outputs(layer, plan: LayerPlan, rows: torch.Tensor, recompute: bool, dr
     """(q_x, s_x, step) of a forward that keeps what HOT's g_W path needs of ``rows``;
     ``codes``: ABC's codes already formed (by the quantized forward's pass over rows)."""
     if recompute:  # the Function keeps x: backward forms the codes
-        return _empty(rows), _empty(rows), _step_snapshot(layer)
+        return _empty(rows), _empty(rows), _step_snapshot(abc_source(layer))
     if codes is not None:
         q, s = codes
     elif plan.x_hist is not None:
@@ -280,7 +289,8 @@ def _abc_outputs(layer, plan: LayerPlan, rows: torch.Tensor, recompute: bool, dr
         q, s = replay.delayed_x_codes(layer, plan, rows)
     else:
         q, s = abc_codes(plan, rows)
-    return q.contiguous(), s.contiguous(), _step_snapshot(layer) if draw else _empty(rows)
+    return (q.contiguous(), s.contiguous(),
+            _step_snapshot(abc_source(layer)) if draw else _empty(rows))
 
 
 def _abc_outputs_fake(w, rows, seq, rank, bits, row, recompute, draw):
@@ -302,6 +312,107 @@ linear_fwd = _def("linear_fwd(Tensor x2d, Tensor w, Tensor? b, int key, bool nee
                   "bool need_gw, bool exact, int seq, int rank, int bits, bool row, "
                   "bool recompute, bool draw, bool qfwd) -> (Tensor, Tensor, Tensor, Tensor)",
                   _linear_fwd, _linear_fwd_fake)
+
+
+# ---------------------------------------------------------------- shared x codes (HLAConfig.share)
+
+
+def _x_codes(x2d: torch.Tensor, key: int, seq: int, rank: int, bits: int, row: bool, draw: bool,
+             qfwd: bool) -> tuple[torch.Tensor, ...]:
+    """hot::x_codes: the pass over x of the layer named by ``key`` (a group source,
+    hot.nn.groups), apart from any GEMM: (its codes for the quantized forward GEMM, or empty;
+    ABC's codes q, s; the source's step with drawn rows, or empty), what that layer's own
+    forward operator forms of x (hot::linear_fwd). Its arguments name x and the source alone,
+    so the calls of layers that read one x are one expression, which AOT autograd's
+    common-subexpression elimination runs once."""
+    layer, plan = _start(key, x2d, seq, False, rank, bits, row, False, draw, qfwd)
+    e = _empty(x2d)
+    with no_autocast(x2d.device.type):
+        qx = None
+        if qfwd and not pads_sequences(plan.seq):  # one pass forms both (as _forward_gemm)
+            qx, codes = row_codes(plan.config.forward, x2d, plan.backend,
+                                  hla_args(plan, plan.seed_x, None, plan.seed_draw))
+        else:
+            if qfwd:
+                qx = row_codes(plan.config.forward, x2d, plan.backend)[0]
+            codes = abc_codes(plan, x2d)
+    return (qx.q if qx else e, qx.scale if qx else e, codes.q.contiguous(),
+            codes.scale.contiguous(), _step_snapshot(layer) if draw else e)
+
+
+def _x_codes_fake(x2d, key, seq, rank, bits, row, draw, qfwd):
+    e = _empty(x2d)
+    # the shapes of the one quantized forward's codes (hot.nn.forward.FORWARD_BITS)
+    qx = ops.hq_fake(x2d, forward_args("int8")) if qfwd else ops.Quantized(e, e)
+    q, s = _abc_fake(x2d, seq, rank, bits, row)
+    return qx.q, qx.scale, q, s, _step_fake(x2d) if draw else e
+
+
+x_codes = _def("x_codes(Tensor x2d, int key, int seq, int rank, int bits, bool row, bool draw, "
+               "bool qfwd) -> (Tensor, Tensor, Tensor, Tensor, Tensor)", _x_codes, _x_codes_fake)
+
+
+def _coded_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], qx: torch.Tensor,
+               sx: torch.Tensor, key: int, need_gx: bool, need_gw: bool, exact: bool, seq: int,
+               rank: int, bits: int, row: bool, recompute: bool, draw: bool, qfwd: bool
+               ) -> torch.Tensor:
+    """hot::coded_fwd: y = x2d W^T + b of the layer named by ``key``, from x's codes (qx, sx:
+    hot::x_codes) with a quantized forward, else exactly."""
+    _, plan = _start(key, x2d, seq, exact, rank, bits, row, recompute, draw, qfwd)
+    with no_autocast(x2d.device.type):
+        if qfwd:
+            return coded_gemm(plan.config.forward, ops.Quantized(qx, sx), w, b, plan.backend,
+                              x2d.dtype)
+        return F.linear(x2d, w.to(x2d.dtype), b)
+
+
+def _coded_fwd_fake(x2d, w, b, qx, sx, key, need_gx, need_gw, exact, seq, rank, bits, row,
+                    recompute, draw, qfwd):
+    return F.linear(x2d, w.to(x2d.dtype), b)
+
+
+coded_fwd = _def("coded_fwd(Tensor x2d, Tensor w, Tensor? b, Tensor qx, Tensor sx, int key, "
+                 "bool need_gx, bool need_gw, bool exact, int seq, int rank, int bits, bool row, "
+                 "bool recompute, bool draw, bool qfwd) -> Tensor", _coded_fwd, _coded_fwd_fake)
+
+
+_LAST_CODES = threading.local()  # eagerly: the last hot::x_codes call (_shared_x_codes)
+
+
+def _data_token(x: torch.Tensor, *extra) -> tuple:
+    """Names the data of ``x`` as long as the token's weak reference to x's base tensor is alive
+    (its memory cannot be reused meanwhile): x's address, shape, strides, dtype, device and
+    version (bumped by every in-place change), with ``extra``. Eager use only."""
+    base = x._base if x._base is not None else x
+    return ((x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device, x._version, *extra),
+            weakref.ref(base))
+
+
+def _shared_x_codes(x2d: torch.Tensor, src: int, f: "CallFlags",
+                    token: Optional[tuple]) -> tuple[torch.Tensor, ...]:
+    """hot::x_codes of x2d for the group source ``src``. Eagerly (``token``: _data_token of the
+    tensor x2d was made from, before autocast's cast, with the source's step and config) the
+    previous call's outputs when it had the same source, token and shape: the same codes, as
+    the seeds follow that step; traced, the compiler merges equal calls itself."""
+    args = (x2d, src, f.seq, f.rank, f.bits, f.row, f.draw, f.qfwd)
+    if token is None:
+        return _call(x_codes, _x_codes, *args)
+    key = (token[0], args[1:], tuple(x2d.shape), x2d.dtype)
+    last = getattr(_LAST_CODES, "entry", None)
+    if last is not None and last[0] == key and last[1]() is not None and last[1]() is token[1]():
+        return last[2]
+    out = _x_codes(*args)
+    _LAST_CODES.entry = (key, token[1], out)
+    return out
+
+
+def _codes_source(layer, f: "CallFlags") -> int:
+    """The key of the layer whose hot::x_codes forms this call's x codes, shared with the
+    calls of its sibling layers (HLAConfig.share "siblings": hot.nn.groups), or 0: the layer's
+    own forward operator forms them (nothing to share: no codes formed in forward)."""
+    if layer._hot_run_config.hla.share != "siblings" or not f.need_gw or f.exact or f.recompute:
+        return 0
+    return abc_source(layer)._hot_key
 
 
 class CallFlags(NamedTuple):
@@ -346,8 +457,13 @@ class LinearFn(torch.autograd.Function):
     # forward(ctx, ...) rather than forward + setup_context: Function.apply binds the arguments
     # of a setup_context Function through inspect.signature on every call (host time).
     @staticmethod
-    def forward(ctx, x2d, w, b, key, f: CallFlags):
-        out = _call(linear_fwd, _linear_fwd, x2d, w, _bias_inside(b, f), key, *f[1:])
+    def forward(ctx, x2d, w, b, key, f: CallFlags, src: int = 0, token: Optional[tuple] = None):
+        if src:  # x's codes from hot::x_codes of the group source ``src`` (_codes_source)
+            xq, xs, q, s, step = _shared_x_codes(x2d, src, f, token)
+            out = (_call(coded_fwd, _coded_fwd, x2d, w, _bias_inside(b, f), xq, xs, key,
+                         *f[1:]), q, s, step)
+        else:
+            out = _call(linear_fwd, _linear_fwd, x2d, w, _bias_inside(b, f), key, *f[1:])
         _setup_common(ctx, out, x2d, w if f.need_gx else None, key, f, x2d.shape[1], x2d.dtype,
                       w.dtype, b is not None)
         return _bias_after(out, b, f, 1)
@@ -356,7 +472,7 @@ class LinearFn(torch.autograd.Function):
     @_first_order
     def backward(ctx, gy2d, _gq, _gs, _gstep):
         gx, gw, gb = _backward_2d(ctx, gy2d)
-        return gx, gw, gb, None, None
+        return gx, gw, gb, None, None, None, None
 
 
 # ---------------------------------------------------------------- conv2d
@@ -526,15 +642,16 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
     # the delayed histories belong to the forward's). fwd_step: the step counter as the forward
     # saw it (with recompute, or drawn rows).
     cfg = config_of(cfg_key)
+    src = abc_source(layer)  # whose seeds x's codes and the drawn rows follow
     seed_x = 0
     if recompute and need_gw and cfg.hla.bits and cfg.hla.rounding == "stochastic":
-        seed_x = layer_seed(layer, cfg, ABC_X, None, fwd_step)
+        seed_x = layer_seed(src, cfg, ABC_X, None, fwd_step)
     x_hist = None
     if recompute and need_gw and not exact:
         x_hist = hla_history(layer, cfg, ABC_X, gy2d.device)
     draw = 0
     if draws_rows(cfg) and need_gw and not exact:
-        draw = layer_seed(layer, cfg, DRAW, None, fwd_step)
+        draw = layer_seed(src, cfg, DRAW, None, fwd_step)
     plan = LayerPlan(cfg, layer._backend_for(gy2d.device), exact, seq, seed_x, x_hist, draw,
                      fwd_step)
     saved = None
@@ -621,13 +738,20 @@ def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int,
 
 
 def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
-           seq: int, x_cast: bool = False) -> torch.Tensor:
-    """HOTLinear's forward (inputs validated and autocast-cast by the caller; ``x_cast`` when
-    that made x a copy)."""
-    flags = _flags(layer, x, w, seq, math.prod(x.shape[:-1]) if x_cast else None)
+           seq: int, origin: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """HOTLinear's forward (inputs validated and autocast-cast by the caller; ``origin``: the
+    input autocast's cast made x from, where it made a copy)."""
+    flags = _flags(layer, x, w, seq, math.prod(x.shape[:-1]) if origin is not None else None)
+    src = _codes_source(layer, flags)
+    token = None  # eagerly, what names x's codes for sibling layers' calls (_shared_x_codes):
+    if src and not torch.compiler.is_compiling():  # x's data and the source's step and config
+        s = abc_source(layer)
+        token = _data_token(x if origin is None else origin, x.dtype, s.hot_step_value(),
+                           s._hot_config_key)
     if x.dim() == 2:  # no views around the Function: its output is the layer's output
-        return LinearFn.apply(x, w, b, layer._hot_key, flags)[0]
-    y2d = LinearFn.apply(x.reshape(-1, x.shape[-1]), w, b, layer._hot_key, flags)[0]
+        return LinearFn.apply(x, w, b, layer._hot_key, flags, src, token)[0]
+    y2d = LinearFn.apply(x.reshape(-1, x.shape[-1]), w, b, layer._hot_key, flags, src,
+                         token)[0]
     return y2d.reshape(*x.shape[:-1], y2d.shape[-1])
 
 

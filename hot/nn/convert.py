@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from ..common.backend import requested_backend
 from ..common.config import HOTConfig, HOTConfigError
-from . import hfsave
+from . import groups, hfsave
 from .modules import (HOT_ATTRS, HOT_BUFFERS, HOT_STATE_KEYS, HOTConv2d, HOTLinear, _adopt,
                       hot_class, original_class)
 from .selection import (ADAPTER, FILTERED, HEAD, UNSUPPORTED, filter_fn, linear_or_conv,
@@ -146,6 +146,7 @@ def convert(
         else:
             _replace(model, fqn, hot_class(type(mod)).from_module(mod, config, fqn, backend))
     _record(model, left)
+    groups.assign(model)
     hfsave.refresh(model)
     _report(model, converted, reconfigured, chosen_but_left)
     return model

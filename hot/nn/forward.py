@@ -42,15 +42,29 @@ def quantized_gemm(mode: str, rows: torch.Tensor, w2d: torch.Tensor, b: Optional
                    backend: str, abc: Optional[HLAArgs] = None
                    ) -> tuple[torch.Tensor, Optional[Quantized]]:
     """(y = rows W^T + b from the quantized operands, in rows' dtype; ABC's codes of rows with
-    ``abc`` when given, from the same pass over rows, else None)."""
+    ``abc`` when given, from the same pass over rows, else None). y equals
+    coded_gemm(mode, row_codes(mode, rows, backend, abc)[0], w2d, b, backend, rows.dtype)."""
+    qx, codes = row_codes(mode, rows, backend, abc)
+    return coded_gemm(mode, qx, w2d, b, backend, rows.dtype), codes
+
+
+def row_codes(mode: str, rows: torch.Tensor, backend: str, abc: Optional[HLAArgs] = None
+              ) -> tuple[Quantized, Optional[Quantized]]:
+    """(x's codes for the forward GEMM; ABC's codes of rows from the same pass with ``abc``,
+    else None): the pass over x, apart from the GEMM so that layers reading one x can share
+    it (HLAConfig.share)."""
     a = forward_args(mode)
     if abc is not None:
-        qx, codes = ops.gy_quantize(rows, a, abc, backend)
-    else:
-        qx, codes = ops.hq_quantize(rows, a, backend), None
-    qw = ops.hq_quantize(w2d, a, backend)
-    y = ops.int_gemm_nt(qx.q, qw.q, qx.scale, qw.scale, rows.dtype, backend)
+        return ops.gy_quantize(rows, a, abc, backend)
+    return ops.hq_quantize(rows, a, backend), None
+
+
+def coded_gemm(mode: str, qx: Quantized, w2d: torch.Tensor, b: Optional[torch.Tensor],
+               backend: str, dtype: torch.dtype) -> torch.Tensor:
+    """y = x W^T + b from x's codes ``qx`` (row_codes) and W's, in ``dtype``."""
+    qw = ops.hq_quantize(w2d, forward_args(mode), backend)
+    y = ops.int_gemm_nt(qx.q, qw.q, qx.scale, qw.scale, dtype, backend)
     if b is not None:  # int_gemm_nt's epilogue takes no bias: one more pass over y (HOT's
         y.add_(b.to(y.dtype))  # Functions add it after the operator instead, where it fuses)
-    return y, codes
+    return y
 

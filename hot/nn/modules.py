@@ -32,7 +32,7 @@ HOT_HISTORIES = {ABC_X: "hot_hist_x", GY_HLA: "hot_hist_gy"}
 HOT_STATE_KEYS = HOT_BUFFERS + tuple(HOT_HISTORIES.values())
 HOT_ATTRS = ("hot_config", "hot_name", "hot_backend", "hot_id", "hot_lqs_stats", "_hot_resolved",
              "_hot_step_value", "_hot_lqs_value", "_hot_exact_phase", "_hot_key", "_hot_hist",
-             "_hot_config_key", "_hot_run_config")
+             "_hot_config_key", "_hot_run_config", "_hot_abc_source")
 
 
 class HOTLayerError(ValueError):
@@ -360,7 +360,8 @@ class HOTLinear(_HOTMixin, nn.Linear):
         if not self._needs_backward(x):
             return nn.functional.linear(x, self.weight, self.bias)
         xc, b = self._autocast(x, self.bias)
-        return autograd.linear(self, xc, self.weight, b, self._seq(xc), xc.dtype != x.dtype)
+        return autograd.linear(self, xc, self.weight, b, self._seq(xc),
+                               x if xc.dtype != x.dtype else None)
 
     def _seq(self, x: torch.Tensor) -> int:
         """Rows per sequence (tokens) for blocking='sequence', else 0."""

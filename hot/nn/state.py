@@ -30,6 +30,7 @@ from ..common import lqs
 from ..common.config import DRAWN_SELECTIONS, HOTConfig, hq_bits
 from ..common.ops import ScaleMode
 from ..common.quant import M32, StepSeed, seed_prefix
+from .groups import abc_source
 
 LQS_UNDECIDED, LQS_TENSOR, LQS_TOKEN = -1, lqs.TENSOR, lqs.TOKEN
 
@@ -147,10 +148,13 @@ def make_plan(layer, cfg: HOTConfig, backend: str, seq: int, empty: bool = False
     narrower than HOTConfig.min_in_features."""
     step = layer.hot_step_value()
     exact = cfg.exact_at(step) or empty or is_narrow(layer, cfg)
+    # x's codes and the drawn rows follow the group source's seeds and step (HLAConfig.share)
+    src = abc_source(layer)
+    at = src.hot_step_value()
     seed_x = 0 if exact or not cfg.hla.bits or cfg.hla.rounding != "stochastic" \
-        else layer_seed(layer, cfg, ABC_X, step)
+        else layer_seed(src, cfg, ABC_X, at)
     hist = None if exact else hla_history(layer, cfg, ABC_X, layer.weight.device)
-    draw = layer_seed(layer, cfg, DRAW, step) if draws_rows(cfg) and not exact else 0
+    draw = layer_seed(src, cfg, DRAW, at) if draws_rows(cfg) and not exact else 0
     return LayerPlan(cfg, backend, exact, seq, seed_x, hist, draw)
 
 

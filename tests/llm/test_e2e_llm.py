@@ -167,3 +167,37 @@ def test_profile_recognizes_mangled_cutlass_int8_gemms():
     # a bf16 CUTLASS GEMM (mangled) is not HOT's
     assert kernel_category("_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalI"
                            "MMA_64x256x16_F32BF16BF16_SS_TNEEvv") == "other"
+
+
+def test_shared_codes_mode_keeps_one_copy_per_input():
+    """--hla-share siblings on the Llama decoder (transformers' LlamaForCausalLM): q/k/v and
+    gate/up read one input each, so eagerly the step keeps 4 sets of ABC codes per block (q/k/v,
+    o, gate/up, down) instead of 7, and the lm_head's."""
+    r0 = e2e.run_mode("hot-q", memory=True, abc="save", **TINY)
+    r = e2e.run_mode("hot-q", memory=True, abc="save", hla_share="siblings", **TINY)
+    assert "error" not in r, r.get("trace")
+    assert r["hla_share"] == "siblings" and r0["hla_share"] == "none"
+    assert all(math.isfinite(v) for v in r["losses"])
+    assert r["losses"][0] == r0["losses"][0]  # the forward's values do not depend on the seeds
+    int8 = lambda rec: rec["memory"]["saved_by_dtype_bytes"]["int8"]  # noqa: E731
+    # The int8 codes of an input are proportional to its width (rank-8 rows of the same tokens).
+    # llama-tiny (hidden 128, FFN 512, 4 blocks, lm_head): each layer's own copy is
+    # 4 (3*128 + 128 + 2*128 + 512) + 128 = 5248 widths; one per input 4 (128 + 128 + 128 +
+    # 512) + 128 = 3712.
+    assert int8(r) * 5248 == int8(r0) * 3712, (int8(r), int8(r0))
+
+
+def test_shared_codes_are_formed_once_per_input_under_compile():
+    """torch.compile (inductor, CPU) on transformers' Llama with --hla-share siblings: the forward
+    graph forms x's codes once per input: 4 hot::x_codes per block (q/k/v, o, gate/up, down)
+    and the lm_head's, 17 for llama-tiny's 29 HOT layers."""
+    import torch._inductor.config as ic
+
+    from hot.nn import autograd as ag
+
+    counts = []
+    with ic.patch(post_grad_custom_post_pass=lambda g: counts.append(
+            sum(1 for n in g.nodes if n.target is ag.x_codes))):
+        r = e2e.run_mode("hot-q_compile", hla_share="siblings", **TINY)
+    assert "error" not in r, r.get("trace")
+    assert r["hot_layers"] == 29 and counts[0] == 4 * 4 + 1, counts

@@ -121,3 +121,22 @@ def test_x_and_g_y_keep_the_same_rows_when_another_backward_runs_between():
         draws.append(layer.weight.grad.double().clone())
     exact = 2 * gy.t().double() @ x.double()
     _assert_unbiased(torch.stack(draws), exact)
+
+
+@pytest.mark.parametrize("abc", ["save", "recompute"])
+def test_sibling_layer_gw_mean_converges_to_exact(abc):
+    """HLAConfig(share="siblings"): the second of two sibling layers draws its rows and rounds
+    x with the first one's seeds (hot.nn.groups); its g_W is still unbiased (same bound)."""
+    x, gy = _inputs(96, 24, 16, seed=4)
+    cfg = _config("stratified", True, abc).replace(hla={"share": "siblings"})
+    torch.manual_seed(0)
+    pair = hot.convert(nn.ModuleDict({"a": nn.Linear(24, 16, bias=False),
+                                      "b": nn.Linear(24, 16, bias=False)}), cfg,
+                       backend="reference")
+    ref = torch.randn(96, 16, generator=torch.Generator().manual_seed(5))
+    out = []
+    for _ in range(N_LARGE):
+        pair["b"].weight.grad = None
+        ((pair["a"](x) * ref).sum() + (pair["b"](x) * gy).sum()).backward()
+        out.append(pair["b"].weight.grad.double().clone())
+    _assert_unbiased(torch.stack(out), gy.t().double() @ x.double())
