@@ -112,6 +112,9 @@ SETTINGS = {s.name: s for s in (
             about="HOTConfig(): unbiased HLA (stratified rows), HQ width auto"),
     # HOTConfig.quantized(): the same backward as "hot" with the INT8 HQ forward
     dataclasses.replace(recipe_setting("hot-q"), pair="hot"),
+    # HLAConfig(share="siblings"): the same as "hot" with sibling layers' x codes on one seed
+    Setting("hot_share", ("--method", "hot", "--hla-share", "siblings"), rank=8, pair="hot",
+            about="HOTConfig() with HLAConfig(share='siblings'): siblings' x codes shared"),
     Setting("strat_hq4", ("--method", "hot", "--hq-bits", "4"), rank=8,
             about="unbiased HLA (stratified rows) with the paper's 4-bit HQ"),
     Setting("strat_hq8", ("--method", "hot", "--hq-bits", "8"), rank=8,
