@@ -251,10 +251,16 @@ def _forward_gemm(plan: LayerPlan, rows: torch.Tensor, w2d: torch.Tensor,
     """The quantized forward GEMM on ``rows`` (hot.nn.forward) and, with ``codes``, ABC's codes
     of rows from the same pass where one pass can form both: no sequence padding and no
     delayed history (else None: _abc_outputs forms them)."""
-    abc = None
+    return quantized_gemm(plan.config.forward, rows, w2d, b, plan.backend,
+                          _fused_abc(plan, codes))
+
+
+def _fused_abc(plan: LayerPlan, codes: bool) -> Optional[ops.HLAArgs]:
+    """ABC's arguments where the quantized forward's pass over x also forms ABC's codes (asked
+    for by ``codes``; no sequence padding, no delayed history), else None."""
     if codes and plan.x_hist is None and not pads_sequences(plan.seq):
-        abc = hla_args(plan, plan.seed_x, None, plan.seed_draw)
-    return quantized_gemm(plan.config.forward, rows, w2d, b, plan.backend, abc)
+        return hla_args(plan, plan.seed_x, None, plan.seed_draw)
+    return None
 
 
 def _linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
@@ -328,16 +334,11 @@ def _x_codes(x2d: torch.Tensor, key: int, seq: int, rank: int, bits: int, row: b
     layer, plan = _start(key, x2d, seq, False, rank, bits, row, False, draw, qfwd)
     e = _empty(x2d)
     with no_autocast(x2d.device.type):
-        qx = None
-        if qfwd and not pads_sequences(plan.seq):  # one pass forms both (as _forward_gemm)
-            qx, codes = row_codes(plan.config.forward, x2d, plan.backend,
-                                  hla_args(plan, plan.seed_x, None, plan.seed_draw))
-        else:
-            if qfwd:
-                qx = row_codes(plan.config.forward, x2d, plan.backend)[0]
-            codes = abc_codes(plan, x2d)
-    return (qx.q if qx else e, qx.scale if qx else e, codes.q.contiguous(),
-            codes.scale.contiguous(), _step_snapshot(layer) if draw else e)
+        qx = codes = None
+        if qfwd:  # as _linear_fwd: one pass forms both where it can
+            qx, codes = row_codes(plan.config.forward, x2d, plan.backend, _fused_abc(plan, True))
+        q, s, step = _abc_outputs(layer, plan, x2d, False, draw, codes)
+    return qx.q if qx else e, qx.scale if qx else e, q, s, step
 
 
 def _x_codes_fake(x2d, key, seq, rank, bits, row, draw, qfwd):
@@ -406,13 +407,13 @@ def _shared_x_codes(x2d: torch.Tensor, src: int, f: "CallFlags",
     return out
 
 
-def _codes_source(layer, f: "CallFlags") -> int:
-    """The key of the layer whose hot::x_codes forms this call's x codes, shared with the
-    calls of its sibling layers (HLAConfig.share "siblings": hot.nn.groups), or 0: the layer's
-    own forward operator forms them (nothing to share: no codes formed in forward)."""
+def _codes_source(layer, f: "CallFlags"):
+    """The layer whose hot::x_codes forms this call's x codes, shared with the calls of its
+    sibling layers (HLAConfig.share "siblings": hot.nn.groups), or None: the layer's own
+    forward operator forms them (nothing to share: no codes formed in forward)."""
     if layer._hot_run_config.hla.share != "siblings" or not f.need_gw or f.exact or f.recompute:
-        return 0
-    return abc_source(layer)._hot_key
+        return None
+    return abc_source(layer)
 
 
 class CallFlags(NamedTuple):
@@ -742,12 +743,12 @@ def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
     """HOTLinear's forward (inputs validated and autocast-cast by the caller; ``origin``: the
     input autocast's cast made x from, where it made a copy)."""
     flags = _flags(layer, x, w, seq, math.prod(x.shape[:-1]) if origin is not None else None)
-    src = _codes_source(layer, flags)
+    source = _codes_source(layer, flags)
+    src = source._hot_key if source is not None else 0
     token = None  # eagerly, what names x's codes for sibling layers' calls (_shared_x_codes):
     if src and not torch.compiler.is_compiling():  # x's data and the source's step and config
-        s = abc_source(layer)
-        token = _data_token(x if origin is None else origin, x.dtype, s.hot_step_value(),
-                           s._hot_config_key)
+        token = _data_token(x if origin is None else origin, x.dtype, source.hot_step_value(),
+                            source._hot_config_key)
     if x.dim() == 2:  # no views around the Function: its output is the layer's output
         return LinearFn.apply(x, w, b, layer._hot_key, flags, src, token)[0]
     y2d = LinearFn.apply(x.reshape(-1, x.shape[-1]), w, b, layer._hot_key, flags, src,
