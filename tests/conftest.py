@@ -13,6 +13,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+# A custom operator whose outputs alias its inputs or each other is an error under torch.compile
+# wherever CI is set (torch._functorch.config) and a warning elsewhere; tests treat it as the
+# error it is everywhere, so a local run fails where CI would.
+import torch._functorch.config as _aot_config  # noqa: E402
+
+if hasattr(_aot_config, "error_on_custom_op_aliasing"):  # torch releases that have the check
+    _aot_config.error_on_custom_op_aliasing = True
+
 # Without a GPU the fast kernels' tests run in the Triton interpreter, which must be on before
 # anything imports triton: test modules of other folders do so at collection, and triton's own
 # @jit library functions (tl.cdiv, tl.max) are then compiled-mode objects the interpreter rejects.

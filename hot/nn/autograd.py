@@ -332,21 +332,22 @@ def _x_codes(x2d: torch.Tensor, key: int, seq: int, rank: int, bits: int, row: b
     so the calls of layers that read one x are one expression, which AOT autograd's
     common-subexpression elimination runs once."""
     layer, plan = _start(key, x2d, seq, False, rank, bits, row, False, draw, qfwd)
-    e = _empty(x2d)
     with no_autocast(x2d.device.type):
         qx = codes = None
         if qfwd:  # as _linear_fwd: one pass forms both where it can
             qx, codes = row_codes(plan.config.forward, x2d, plan.backend, _fused_abc(plan, True))
         q, s, step = _abc_outputs(layer, plan, x2d, False, draw, codes)
-    return qx.q if qx else e, qx.scale if qx else e, q, s, step
+    if qx is None:  # a custom operator's outputs may not alias each other: one empty each
+        qx = ops.Quantized(_empty(x2d), _empty(x2d))
+    return qx.q, qx.scale, q, s, step
 
 
 def _x_codes_fake(x2d, key, seq, rank, bits, row, draw, qfwd):
-    e = _empty(x2d)
     # the shapes of the one quantized forward's codes (hot.nn.forward.FORWARD_BITS)
-    qx = ops.hq_fake(x2d, forward_args("int8")) if qfwd else ops.Quantized(e, e)
+    qx = (ops.hq_fake(x2d, forward_args("int8")) if qfwd
+          else ops.Quantized(_empty(x2d), _empty(x2d)))
     q, s = _abc_fake(x2d, seq, rank, bits, row)
-    return qx.q, qx.scale, q, s, _step_fake(x2d) if draw else e
+    return qx.q, qx.scale, q, s, _step_fake(x2d) if draw else _empty(x2d)
 
 
 x_codes = _def("x_codes(Tensor x2d, int key, int seq, int rank, int bits, bool row, bool draw, "
