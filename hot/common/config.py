@@ -29,6 +29,8 @@ VALID_RANKS = (1, 2, 4, 8, 16)
 # The backward algorithms HOTConfig.method selects (hot.nn.backward implements each); the
 # methods the tools offer are recipes (hot.recipes), each of which names one of these.
 BACKWARDS = ("hot", "int4", "luq", "lbp_wht")
+# The backwards whose g_W reads x's HLA codes (ABC); "int4" and "luq" quantize x itself.
+ABC_BACKWARDS = ("hot", "lbp_wht")
 # HOTConfig.forward: how the forward GEMM y = x W^T runs (hot.nn.forward).
 FORWARDS = ("exact", "int8")
 BLOCK = 16  # the paper's block size for both transforms; kernels assume it

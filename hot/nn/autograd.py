@@ -28,7 +28,7 @@ state at run time:
 and, for Linear layers under HLAConfig(share="siblings") (hot.nn.groups), the forward split in
 two so that sibling layers reading one x share the pass over it:
 
-    hot::x_codes(x2d, source key, seq, rank, bits, row, draw, qfwd)
+    hot::x_codes(x2d, source key, seq, rank, bits, row, draw, qfwd, recompute)
         -> (codes of x for the quantized forward GEMM, q_x, s_x, step)   (the source's seeds)
     hot::coded_fwd(x2d, W, b, those codes, key, <linear_fwd's flags>) -> y2d
 
@@ -78,6 +78,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from ..common import ops
+from ..common.config import ABC_BACKWARDS
 from . import replay
 from .backward import (abc_codes, hla_args, hot_backward, kept_by_producer, no_autocast,
                        pads_sequences, patches, seq_pad)
@@ -324,34 +325,38 @@ linear_fwd = _def("linear_fwd(Tensor x2d, Tensor w, Tensor? b, int key, bool nee
 
 
 def _x_codes(x2d: torch.Tensor, key: int, seq: int, rank: int, bits: int, row: bool, draw: bool,
-             qfwd: bool) -> tuple[torch.Tensor, ...]:
+             qfwd: bool, recompute: bool) -> tuple[torch.Tensor, ...]:
     """hot::x_codes: the pass over x of the layer named by ``key`` (a group source,
     hot.nn.groups), apart from any GEMM: (its codes for the quantized forward GEMM, or empty;
-    ABC's codes q, s; the source's step with drawn rows, or empty), what that layer's own
-    forward operator forms of x (hot::linear_fwd). Its arguments name x and the source alone,
-    so the calls of layers that read one x are one expression, which AOT autograd's
-    common-subexpression elimination runs once."""
-    layer, plan = _start(key, x2d, seq, False, rank, bits, row, False, draw, qfwd)
+    ABC's codes q, s, empty with recompute; the source's step with recompute or drawn rows, else
+    empty), what that layer's own forward operator forms of x (hot::linear_fwd). Its arguments
+    name x and the source alone, so the calls of layers that read one x are one expression,
+    which AOT autograd's common-subexpression elimination runs once."""
+    layer, plan = _start(key, x2d, seq, False, rank, bits, row, recompute, draw, qfwd)
     with no_autocast(x2d.device.type):
         qx = codes = None
         if qfwd:  # as _linear_fwd: one pass forms both where it can
-            qx, codes = row_codes(plan.config.forward, x2d, plan.backend, _fused_abc(plan, True))
-        q, s, step = _abc_outputs(layer, plan, x2d, False, draw, codes)
+            qx, codes = row_codes(plan.config.forward, x2d, plan.backend,
+                                  _fused_abc(plan, not recompute))
+        q, s, step = _abc_outputs(layer, plan, x2d, recompute, draw, codes)
     if qx is None:  # a custom operator's outputs may not alias each other: one empty each
         qx = ops.Quantized(_empty(x2d), _empty(x2d))
     return qx.q, qx.scale, q, s, step
 
 
-def _x_codes_fake(x2d, key, seq, rank, bits, row, draw, qfwd):
+def _x_codes_fake(x2d, key, seq, rank, bits, row, draw, qfwd, recompute):
     # the shapes of the one quantized forward's codes (hot.nn.forward.FORWARD_BITS)
     qx = (ops.hq_fake(x2d, forward_args("int8")) if qfwd
           else ops.Quantized(_empty(x2d), _empty(x2d)))
+    if recompute:
+        return qx.q, qx.scale, _empty(x2d), _empty(x2d), _step_fake(x2d)
     q, s = _abc_fake(x2d, seq, rank, bits, row)
     return qx.q, qx.scale, q, s, _step_fake(x2d) if draw else _empty(x2d)
 
 
 x_codes = _def("x_codes(Tensor x2d, int key, int seq, int rank, int bits, bool row, bool draw, "
-               "bool qfwd) -> (Tensor, Tensor, Tensor, Tensor, Tensor)", _x_codes, _x_codes_fake)
+               "bool qfwd, bool recompute) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+               _x_codes, _x_codes_fake)
 
 
 def _coded_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], qx: torch.Tensor,
@@ -396,7 +401,7 @@ def _shared_x_codes(x2d: torch.Tensor, src: int, f: "CallFlags",
     tensor x2d was made from, before autocast's cast, with the source's step and config) the
     previous call's outputs when it had the same source, token and shape: the same codes, as
     the seeds follow that step; traced, the compiler merges equal calls itself."""
-    args = (x2d, src, f.seq, f.rank, f.bits, f.row, f.draw, f.qfwd)
+    args = (x2d, src, f.seq, f.rank, f.bits, f.row, f.draw, f.qfwd, f.recompute)
     if token is None:
         return _call(x_codes, _x_codes, *args)
     key = (token[0], args[1:], tuple(x2d.shape), x2d.dtype)
@@ -411,8 +416,10 @@ def _shared_x_codes(x2d: torch.Tensor, src: int, f: "CallFlags",
 def _codes_source(layer, f: "CallFlags"):
     """The layer whose hot::x_codes forms this call's x codes, shared with the calls of its
     sibling layers (HLAConfig.share "siblings": hot.nn.groups), or None: the layer's own
-    forward operator forms them (nothing to share: no codes formed in forward)."""
-    if layer._hot_run_config.hla.share != "siblings" or not f.need_gw or f.exact or f.recompute:
+    forward operator forms them (nothing to share: no codes formed). With recompute the source's
+    step is shared instead (and the quantized forward's codes), and an eager backward forms x's
+    codes once for the siblings too (_shared_bwd_codes)."""
+    if layer._hot_run_config.hla.share != "siblings" or not f.need_gw or f.exact:
         return None
     return abc_source(layer)
 
@@ -467,7 +474,7 @@ class LinearFn(torch.autograd.Function):
         else:
             out = _call(linear_fwd, _linear_fwd, x2d, w, _bias_inside(b, f), key, *f[1:])
         _setup_common(ctx, out, x2d, w if f.need_gx else None, key, f, x2d.shape[1], x2d.dtype,
-                      w.dtype, b is not None)
+                      w.dtype, b is not None, src)
         return _bias_after(out, b, f, 1)
 
     @staticmethod
@@ -569,10 +576,11 @@ class ConvFn(torch.autograd.Function):
 
 
 def _setup_common(ctx, out, x, w2d, key, f: CallFlags, in_features, x_dtype, w_dtype,
-                  has_bias):
+                  has_bias, src: int = 0):
     """Keep what backward needs: of x (when need_gw), x itself while exact (a conv's patches,
     out's q, in its place: ``x`` None), x and the forward's step with recompute, else the ABC
-    codes (q, s) and, for a drawn selection, the forward's step; then W when need_gx."""
+    codes (q, s) and, for a drawn selection, the forward's step; then W when need_gx. ``src``:
+    the group source whose hot::x_codes gave ``out``'s codes and step (_codes_source), or 0."""
     _, q, s, step = out
     ctx.mark_non_differentiable(q, s, step)
     # q, s and step get no gradient: do not let autograd materialize zeros of their shapes for
@@ -592,7 +600,7 @@ def _setup_common(ctx, out, x, w2d, key, f: CallFlags, in_features, x_dtype, w_d
     ctx.key, ctx.cfg, ctx.exact, ctx.seq = key, f.cfg_key, f.exact, f.seq
     ctx.need_gx, ctx.need_gw, ctx.in_features = f.need_gx, f.need_gw, in_features
     ctx.x_dtype, ctx.w_dtype = _DTYPE_NAMES[x_dtype], _DTYPE_NAMES[w_dtype]
-    ctx.has_bias = has_bias
+    ctx.has_bias, ctx.src = has_bias, src
     ctx.traced = torch.compiler.is_compiling()
     # The record of what a delayed x history's pass read, kept as long as this node (eagerly:
     # a traced forward never runs again in backward).
@@ -607,15 +615,21 @@ def _backward_2d(ctx, gy2d, unfold=None):
     needed. ``unfold`` turns a kept conv input into the rows layer_bwd quantizes (recompute)."""
     t = ctx.saved_tensors
     saved = list(t[: ctx.n_saved]) + [None] * (3 - ctx.n_saved)  # codes or x, and the step
+    recompute = ctx.recompute
     if unfold is not None and ctx.need_gw:
         saved[0] = unfold(saved[0])
-    elif ctx.recompute and ctx.need_gw and ctx.traced:
+    elif recompute and ctx.need_gw and ctx.traced:
         saved[0] = _fusible_copy(saved[0])
+    if recompute and ctx.need_gw and ctx.src and not ctx.traced \
+            and config_of(ctx.cfg).method in ABC_BACKWARDS:
+        # x's codes as the source's backward forms them, once for the siblings reading x
+        saved[0], saved[1] = _shared_bwd_codes(ctx, saved[0], saved[2])
+        recompute = False
     w2d = t[ctx.n_saved] if ctx.need_gx else None
     need_gb = ctx.has_bias and ctx.needs_input_grad[2]
     args = (gy2d, w2d, saved[0], saved[1], saved[2], ctx.key, ctx.cfg, ctx.exact, ctx.seq,
             ctx.need_gx, ctx.need_gw, need_gb, ctx.in_features, ctx.x_dtype, ctx.w_dtype,
-            ctx.recompute)
+            recompute)
     gx, gw, gb = layer_bwd(*args) if ctx.traced else _layer_bwd(*args)
     if ctx.x_pass is not None:
         ctx.x_pass.done = True  # a later forward inside a backward is no re-run of this one
@@ -644,24 +658,13 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
     # the delayed histories belong to the forward's). fwd_step: the step counter as the forward
     # saw it (with recompute, or drawn rows).
     cfg = config_of(cfg_key)
-    src = abc_source(layer)  # whose seeds x's codes and the drawn rows follow
-    seed_x = 0
-    if recompute and need_gw and cfg.hla.bits and cfg.hla.rounding == "stochastic":
-        seed_x = layer_seed(src, cfg, ABC_X, None, fwd_step)
-    x_hist = None
-    if recompute and need_gw and not exact:
-        x_hist = hla_history(layer, cfg, ABC_X, gy2d.device)
-    draw = 0
-    if draws_rows(cfg) and need_gw and not exact:
-        draw = layer_seed(src, cfg, DRAW, None, fwd_step)
-    plan = LayerPlan(cfg, layer._backend_for(gy2d.device), exact, seq, seed_x, x_hist, draw,
-                     fwd_step)
+    plan = _backward_plan(layer, cfg, gy2d.device, exact, seq, need_gw, recompute, fwd_step)
     saved = None
     if need_gw:
         saved = saved0 if exact else ops.Quantized(saved0, saved1)
     with no_autocast(gy2d.device.type):
         # int4 and luq quantize x itself; HOT and LBP-WHT work on x's HLA codes
-        if recompute and need_gw and cfg.method in ("hot", "lbp_wht"):
+        if recompute and need_gw and cfg.method in ABC_BACKWARDS:
             saved = abc_codes(plan, saved0)
         elif recompute and need_gw:
             saved = saved0
@@ -670,6 +673,62 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
     return (gx.contiguous() if gx is not None else _empty(gy2d),
             gw.contiguous() if gw is not None else _empty(gy2d),
             gb if gb is not None else _empty(gy2d))
+
+
+def _backward_plan(layer, cfg, device: torch.device, exact: bool, seq: int, need_gw: bool,
+                   recompute: bool, fwd_step: Optional[torch.Tensor]) -> LayerPlan:
+    """The LayerPlan of a backward with the forward's config ``cfg`` and step ``fwd_step``
+    (with recompute, or drawn rows): x's codes and the drawn rows follow the group source's
+    seeds (hot.nn.groups)."""
+    src = abc_source(layer)
+    seed_x = 0
+    if recompute and need_gw and cfg.hla.bits and cfg.hla.rounding == "stochastic":
+        seed_x = layer_seed(src, cfg, ABC_X, None, fwd_step)
+    x_hist = None
+    if recompute and need_gw and not exact:
+        x_hist = hla_history(layer, cfg, ABC_X, device)
+    draw = 0
+    if draws_rows(cfg) and need_gw and not exact:
+        draw = layer_seed(src, cfg, DRAW, None, fwd_step)
+    return LayerPlan(cfg, layer._backend_for(device), exact, seq, seed_x, x_hist, draw, fwd_step)
+
+
+def _bwd_codes(x2d: torch.Tensor, step: torch.Tensor, key: int, cfg_key: int, seq: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ABC's codes of a kept x2d as the backward of the layer named by ``key`` (a group source)
+    forms them with recompute, for its forward at ``step`` with config ``cfg_key``: the codes
+    hot::layer_bwd would form of x2d for any of its siblings (their seeds are the source's)."""
+    layer = _layer(key)
+    _check_capturable(layer, x2d.device)
+    plan = _backward_plan(layer, config_of(cfg_key), x2d.device, False, seq, True, True, step)
+    with no_autocast(x2d.device.type):
+        q, s = abc_codes(plan, x2d)
+    return q.contiguous(), s.contiguous()
+
+
+_LAST_BWD_CODES = threading.local()  # eagerly: the last _bwd_codes call (_shared_bwd_codes)
+
+
+def _shared_bwd_codes(ctx, x2d: torch.Tensor, step: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eagerly, _bwd_codes of a sibling's kept x2d: the previous call's codes when it read the
+    same data (_data_token) for the same forward (the one step tensor the siblings' forwards
+    shared: _shared_x_codes), source, config and blocking. The entry keeps its codes until the
+    next call replaces it.
+
+    A traced backward does not share them: an operator whose inputs are all forward values is
+    placed in forward by AOT autograd's partitioner (it never recomputes opaque operators), and
+    its codes would be kept, which recompute is there to avoid; each sibling's hot::layer_bwd
+    forms them (the quantized forward's codes are still formed once, by hot::x_codes)."""
+    args = (x2d, step, ctx.src, ctx.cfg, ctx.seq)
+    token = _data_token(x2d, *args[2:])
+    last = getattr(_LAST_BWD_CODES, "entry", None)
+    if last is not None and last[0] == token[0] and last[1]() is not None \
+            and last[1]() is token[1]() and last[2]() is step:
+        return last[3]
+    out = _bwd_codes(*args)
+    _LAST_BWD_CODES.entry = (token[0], token[1], weakref.ref(step), out)
+    return out
 
 
 def _layer_bwd_fake(gy2d, w2d, saved0, saved1, fwd_step, key, cfg_key, exact, seq, need_gx,

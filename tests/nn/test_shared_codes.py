@@ -134,3 +134,64 @@ def test_share_values_are_validated():
         hot.HLAConfig(share="all")
     with pytest.raises(hot.HOTConfigError, match="amax='current'"):
         hot.HLAConfig(share="siblings", selection="lowpass", amax="delayed")
+
+
+# ---------------------------------------------------------------- with HLAConfig(abc="recompute")
+
+
+def _grads_of(model, fwd, xs):
+    out = []
+    for x in xs:
+        model.zero_grad(set_to_none=True)
+        fwd(x).square().sum().backward()
+        out.append({k: p.grad.clone() for k, p in model.named_parameters()})
+    return out
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_recompute_gives_the_saved_shared_codes_eagerly_and_compiled(quantized):
+    """With recompute the siblings' backward forms x's codes with the source's seeds at the
+    forward's step (hot::bwd_codes): the codes abc="save" keeps, so every gradient equals
+    save's bit for bit, eagerly and under torch.compile (aot_eager). Another seed or step would
+    change the stochastic rounding of the codes, and g_W by about a quantization step."""
+    xs = [torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    res = []
+    for abc, compiled in (("save", False), ("recompute", False), ("recompute", True)):
+        m = _model("siblings", quantized)
+        for _, layer in hot.hot_layers(m):
+            layer.set_hot_config(layer.hot_config.replace(hla={"abc": abc}))
+        torch._dynamo.reset()
+        fwd = torch.compile(m, backend="aot_eager", fullgraph=True) if compiled else m
+        res.append(_grads_of(m, fwd, xs))
+    for got in res[1:]:
+        for step, (a, b) in enumerate(zip(res[0], got)):
+            for k in a:
+                assert torch.equal(a[k], b[k]), (step, k, (a[k] - b[k]).abs().max())
+
+
+def test_recompute_forms_the_shared_codes_once_where_it_keeps_nothing(monkeypatch):
+    """With recompute, eagerly v's backward codes of x serve k and q (backward runs head, p, o,
+    v, k, q: 4 passes for 6 layers); under torch.compile hot::x_codes is still one node per
+    (input, source) and the forward keeps no INT8 codes (each sibling's hot::layer_bwd forms
+    them: a shared backward operator would be moved to forward and its codes kept)."""
+    import torch._inductor.config as ic
+
+    m = _model("siblings")
+    for _, layer in hot.hot_layers(m):
+        layer.set_hot_config(layer.hot_config.replace(hla={"abc": "recompute"}))
+    calls = []
+    real = ag._bwd_codes
+    monkeypatch.setattr(ag, "_bwd_codes", lambda *a: calls.append(a[2]) or real(*a))
+    m(torch.randn(2, 16, 32)).sum().backward()
+    assert len(calls) == 4 and len(set(calls)) == 3, calls  # q's group twice: x, and p's input
+
+    graphs = []
+    torch._dynamo.reset()
+    with ic.patch(post_grad_custom_post_pass=lambda g: graphs.append(g)):
+        torch.compile(m)(torch.randn(2, 16, 32)).sum().backward()
+    fwd = graphs[0]
+    assert sum(1 for n in fwd.nodes if n.target is ag.x_codes) == 4
+    (out,) = [n for n in fwd.nodes if n.op == "output"]
+    kept = [a for a in out.args[0] if isinstance(a, torch.fx.Node) and "val" in a.meta
+            and isinstance(a.meta["val"], torch.Tensor)]
+    assert kept and not [a for a in kept if a.meta["val"].dtype == torch.int8]
