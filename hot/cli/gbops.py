@@ -62,7 +62,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     cols = columns(args.methods, args.rank)
-    built, shape, make = build_for_analysis(args)
+    built, shape, make, _ = build_for_analysis(args)
     x, _ = make(torch.device("cpu"), torch.Generator().manual_seed(0))
     shapes = layer_shapes(built.model, lambda m: logits_of(m, x))
     rank = args.rank or 8

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 
 import torch
-import torch.nn.functional as F
 
 from ..analysis.fidelity import model_fidelity
 from ..data import DATASETS, load_dataset
 from .common import (CLIError, add_hot_args, add_json_flag, check_backend, device_from, emit,
                      hot_config, progress, render_table)
-from .modelargs import add_model_args, build_for_analysis, check_fits
-from .trainer import Batches, logits_of
+from .modelargs import add_model_args, build_for_analysis, check_fits, model_kind
+from .trainer import Batches
 
 NO_GRADIENT = "no gradient"
 
@@ -59,6 +58,9 @@ def run(args) -> int:
     cfg = hot_config(args)
     torch.manual_seed(args.seed)
     shape = data = None
+    if args.dataset and model_kind(args.model) == "lm":
+        raise CLIError(f"MODEL {args.model} is a Llama preset, which inspect runs on random "
+                       f"tokens: leave --dataset {args.dataset} out.")
     if args.dataset:
         data = load_dataset(args.dataset, args.data_root, train_size=args.batch, test_size=1,
                             seed=args.seed)
@@ -66,7 +68,7 @@ def run(args) -> int:
         args.classes = data.classes
         if data.kind == "image":
             shape = _data_shape(args, data)
-    built, shape, make = build_for_analysis(args, shape)
+    built, shape, make, loss_of = build_for_analysis(args, shape)
     model = built.model.to(device)
     if data is not None:
         size = shape[-1] if data.kind == "image" and tuple(data.shape) != shape else None
@@ -74,7 +76,7 @@ def run(args) -> int:
         x, y = b.get(torch.arange(min(args.batch, len(b))))
     else:
         x, y = make(device, torch.Generator().manual_seed(args.seed))
-    rows = model_fidelity(model, lambda m: F.cross_entropy(logits_of(m, x).float(), y), cfg,
+    rows = model_fidelity(model, lambda m: loss_of(m, x, y), cfg,
                           args.backend, progress=lambda it: progress(it, "inspect layers"))
     table = [_table_row(r) for r in rows]
     silent = [r["layer"] for r in rows if r.get("no_gradient")]

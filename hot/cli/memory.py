@@ -7,7 +7,6 @@ import copy
 import pathlib
 
 import torch
-import torch.nn.functional as F
 
 from ..analysis import memory as M
 from ..common.config import DRAWN_SELECTIONS
@@ -55,7 +54,7 @@ def run(args) -> int:
     png = pathlib.Path(args.out) / "memory.png"
     if not args.no_plot:
         claim(png.parent, [png.name], args.overwrite)
-    built, shape, make = build_for_analysis(args)
+    built, shape, make, loss_of = build_for_analysis(args)
     base = built.model
     x, y = make(device, torch.Generator().manual_seed(0))
     base = base.to(device)
@@ -72,17 +71,18 @@ def run(args) -> int:
             torch.cuda.reset_peak_memory_stats(device)
             start = torch.cuda.memory_allocated(device)
         with SavedTensorMeter(model) as meter, method.context(device):
-            loss = F.cross_entropy(logits_of(model, x).float(), y)
+            loss = loss_of(model, x, y)
         loss.backward()
         peak = (torch.cuda.max_memory_allocated(device) - start) if device.type == "cuda" else None
         analytic, model_name = {}, method.cost.memory
         run = mcfg or cfg
         hla = run.hla
+        shared = shared_codes(model, shapes)
         for s in shapes:
             drawn = run.for_layer(s.kind == "conv").hla.selection in DRAWN_SELECTIONS
-            analytic[s.name] = analytic.get(s.name, 0) + M.analytic_layer_bytes(
-                s, model_name, hla.rank, hla.bits, s.input_requires_grad, drawn) \
-                if model_name is not None else None
+            analytic[s.name] = analytic.get(s.name, 0) + (0 if s.name in shared else (
+                M.analytic_layer_bytes(s, model_name, hla.rank, hla.bits, s.input_requires_grad,
+                                       drawn))) if model_name is not None else None
         # None where no analytic model describes the method: no total is better than a wrong one
         an_act = sum(analytic.values()) if model_name is not None else None
         results[name] = {
@@ -115,6 +115,24 @@ def run(args) -> int:
             png, f"{args.model}, batch {args.batch}")
     emit(args, out, _text(out, methods, names))
     return 0
+
+
+def shared_codes(model, shapes) -> set:
+    """Names of the HOT layers that keep no codes of their own: under HLAConfig(share=
+    "siblings") they read the same input as their group source (hot.nn.groups), whose codes
+    they share (layer_shapes' ``source``)."""
+    from .. import hot_layers
+    from ..nn.groups import abc_source
+
+    names = {id(layer): name for name, layer in hot_layers(model)}
+    read = {s.name: s.source for s in shapes}
+    out = set()
+    for name, layer in hot_layers(model):
+        src = abc_source(layer)
+        if src is not layer and names.get(id(src)) in read and name in read \
+                and read[names[id(src)]] == read[name]:
+            out.add(name)
+    return out
 
 
 def compare_totals(results: dict) -> tuple[dict, list[str]]:

@@ -98,6 +98,10 @@ RUN_ERRORS = [
     (["train", *TINY, "--device", "nonsense"], "--device nonsense"),
     (["demo", "--smoke", "--dataset", "mnist-5k", "--device", "cpu", "--patch", 5], "--patch 5"),
     (["memory", "tiny-vit", "--backend", "fast", "--device", "cpu"], "--backend fast"),
+    (["inspect", "llama-tiny", "--dataset", "mnist-5k", *SMALL], "--dataset mnist-5k"),
+    (["memory", "llama-tiny", "--input-shape", "1,28,28", "--device", "cpu", "--no-plot"],
+     "--input-shape"),
+    (["train", *TINY, "--model", "llama-tiny"], "--model llama-tiny"),
 ]
 
 

@@ -129,3 +129,11 @@ def test_cli_gbops_counts_the_forward_of_a_recipe_that_quantizes_it(run_cli, run
     assert tot["hot-q_forward"] == pytest.approx(want) and tot["hot-q_forward"] < tot["forward"]
     rc, text, _ = run_text(*args[:-2], "--methods", "fp32,hot-q")
     assert rc == 0 and "hot-q fwd" in text and "forward + backward" in text
+
+
+def test_gbops_of_a_llama_preset_counts_every_token(run_cli):
+    rc, d = run_cli("gbops", "llama-tiny", "--batch", 2, "--seq-len", 16)
+    assert rc == 0
+    layers = {r["layer"]: r for r in d["layers"]}
+    assert len(layers) == 29 and {r["L"] for r in layers.values()} == {32}
+    assert layers["lm_head"]["O"] == 32000  # llama-tiny's synthetic vocabulary (LM_VOCAB)

@@ -129,3 +129,15 @@ def test_inspect_says_no_gradient_reached_a_layer(run_cli, run_text):
     assert len(rows) == 1 and "no gradient" in rows[0]
     assert " nan" not in out and " inf" not in out
     assert f"no gradient reached {len(silent)} of {len(d['layers'])} layers" in out
+
+
+def test_inspect_a_llama_preset_on_random_tokens(run_cli):
+    """Every HOT layer of a Llama preset gets a row from one next-token backward; with HOT's
+    quantizers each g_x and g_W is close to exact but not equal (cosine in (0.5, 1))."""
+    rc, d = run_cli("inspect", "llama-tiny", "--batch", 2, "--seq-len", 32, "--device", "cpu")
+    assert rc == 0
+    rows = d["layers"]
+    assert len(rows) == 29 and all(r["converted"] and not r["no_gradient"] for r in rows)
+    for r in rows:
+        for g in ("g_x", "g_W"):
+            assert 0.5 < r[g]["cosine"] < 1.0, (r["layer"], g, r[g]["cosine"])

@@ -131,3 +131,27 @@ def test_compare_totals_says_more_only_where_hot_keeps_more():
                                  "bf16's 300 B.")
     _, summary = compare_totals({"hot": r(50, 550)})
     assert "no exact baseline was measured" in summary[0]
+
+
+def test_memory_of_a_llama_preset_with_shared_codes(run_cli, tmp_path):
+    """A Llama preset runs on random tokens with its next-token loss. Under --hla-share
+    siblings, k/v and up read their source's input (q, gate) and keep nothing of their own,
+    measured and in the model; o reads another tensor and keeps its own codes."""
+    b, t, d, ffn, vocab = 2, 32, 128, 512, 1000
+    rc, out = run_cli("memory", "llama-tiny", "--batch", b, "--seq-len", t, "--vocab", vocab,
+                      "--methods", "bf16,hot", "--hla-share", "siblings", "--device", "cpu",
+                      "--no-plot", "--out", tmp_path)
+    assert rc == 0
+    L = b * t
+    bf16, h = out["methods"]["bf16"]["layers"], out["methods"]["hot"]["layers"]
+    a = "model.layers.0."
+    assert bf16[a + "self_attn.q_proj"]["measured"] == 2 * L * d + 2 * d * d  # x, autocast's W
+    for name in ("self_attn.k_proj", "self_attn.v_proj", "mlp.up_proj"):
+        assert h[a + name]["measured"] == h[a + name]["analytic"] == 0, name
+    for name, i in (("self_attn.q_proj", d), ("self_attn.o_proj", d), ("mlp.gate_proj", d),
+                    ("mlp.down_proj", ffn)):
+        assert h[a + name]["measured"] == h[a + name]["analytic"] == hot_bytes(L, i), name
+    assert h["lm_head"]["measured"] == hot_bytes(L, d)
+    assert all(v["measured"] == v["analytic"] for v in h.values())
+    # every layer once: 4 blocks of 7 and the head
+    assert len(h) == 29
