@@ -50,11 +50,14 @@ def model_kind(spec: str) -> str:
 
 def check_fits(spec: str, model_flag: str, data) -> None:
     """CLIError unless the model spec and the loaded dataset are both text or both images."""
-    if model_kind(spec) == "lm" or data.kind == "lm":
-        raise CLIError(f"{model_flag} {spec} and --dataset {data.name} do not fit together: "
-                       f"a Llama preset ({', '.join(LLAMA_PRESETS)}) reads token sequences "
-                       f"(--dataset {', '.join(LM_DATASETS)}), a classifier (tiny-vit, minilm, "
-                       f"timm) the classifier datasets.")
+    if model_kind(spec) == "lm":
+        raise CLIError(f"{model_flag} {spec} is a causal language model, and --dataset "
+                       f"{data.name} is for classifiers: train it on --dataset "
+                       f"{', '.join(LM_DATASETS)}, or pick a classifier (tiny-vit, minilm, timm).")
+    if data.kind == "lm":
+        raise CLIError(f"--dataset {data.name} holds token sequences for a causal language "
+                       f"model: pick a Llama preset ({', '.join(LLAMA_PRESETS)}) for it, or a "
+                       f"classifier dataset for {model_flag} {spec}.")
     if model_kind(spec) != data.kind:
         raise CLIError(f"{model_flag} {spec} and --dataset {data.name} do not fit together: "
                        f"text datasets need a HuggingFace text model (e.g. minilm), image "

@@ -32,7 +32,7 @@ HOT_HISTORIES = {ABC_X: "hot_hist_x", GY_HLA: "hot_hist_gy"}
 HOT_STATE_KEYS = HOT_BUFFERS + tuple(HOT_HISTORIES.values())
 HOT_ATTRS = ("hot_config", "hot_name", "hot_backend", "hot_id", "hot_lqs_stats", "_hot_resolved",
              "_hot_step_value", "_hot_lqs_value", "_hot_exact_phase", "_hot_key", "_hot_hist",
-             "_hot_config_key", "_hot_run_config", "_hot_abc_source")
+             "_hot_config_key", "_hot_run_config", "_hot_abc_group")
 
 
 class HOTLayerError(ValueError):

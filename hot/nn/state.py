@@ -30,7 +30,7 @@ from ..common import lqs
 from ..common.config import DRAWN_SELECTIONS, HOTConfig, hq_bits
 from ..common.ops import ScaleMode
 from ..common.quant import M32, StepSeed, seed_prefix
-from .groups import abc_source
+from .groups import abc_source, check_source
 
 LQS_UNDECIDED, LQS_TENSOR, LQS_TOKEN = -1, lqs.TENSOR, lqs.TOKEN
 
@@ -150,6 +150,7 @@ def make_plan(layer, cfg: HOTConfig, backend: str, seq: int, empty: bool = False
     exact = cfg.exact_at(step) or empty or is_narrow(layer, cfg)
     # x's codes and the drawn rows follow the group source's seeds and step (HLAConfig.share)
     src = abc_source(layer)
+    check_source(layer, src)
     at = src.hot_step_value()
     seed_x = 0 if exact or not cfg.hla.bits or cfg.hla.rounding != "stochastic" \
         else layer_seed(src, cfg, ABC_X, at)

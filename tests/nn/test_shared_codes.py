@@ -126,7 +126,7 @@ def test_groups_are_siblings_of_one_width_and_follow_copies():
     plain = _model("none")[0]
     assert abc_source(plain.k) is plain.k  # share="none": each layer its own
     hot.unconvert(m)
-    assert "_hot_abc_source" not in att.v.__dict__
+    assert "_hot_abc_group" not in att.v.__dict__
 
 
 def test_share_values_are_validated():
@@ -195,3 +195,61 @@ def test_recompute_forms_the_shared_codes_once_where_it_keeps_nothing(monkeypatc
     kept = [a for a in out.args[0] if isinstance(a, torch.fx.Node) and "val" in a.meta
             and isinstance(a.meta["val"], torch.Tensor)]
     assert kept and not [a for a in kept if a.meta["val"].dtype == torch.int8]
+
+
+# ---------------------------------------------------------------- a source that does not train
+
+
+class _Pair(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(32, 48), nn.Linear(32, 48), nn.Linear(32, 48)
+
+    def forward(self, x, use_q: bool = True):
+        y = self.k(x) * self.v(x)
+        return (y * self.q(x)).sum() if use_q else y.sum()
+
+
+def _pair():
+    torch.manual_seed(0)
+    cfg = hot.HOTConfig().replace(seed=3, hla={"share": "siblings"})
+    return hot.convert(_Pair(), cfg, backend="reference")
+
+
+def _codes_per_step(m, x, steps, **kw):
+    out = []
+    for _ in range(steps):
+        got = []
+        with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: got.append(t) or t if t.dtype == torch.int8 else t, lambda t: t):
+            y = m(x, **kw)
+        y.backward()
+        out.append(got)
+    return out
+
+
+def test_a_frozen_first_member_is_no_source():
+    """q's weight is frozen and x needs no gradient: q runs no backward and its step counter
+    stands still. k becomes the source (v follows it), so the codes change every step: codes
+    that followed q's step would repeat, a fixed selection, whose g_W is biased."""
+    m = _pair()
+    m.q.requires_grad_(False)
+    assert abc_source(m.k) is m.k and abc_source(m.v) is m.k
+    x = torch.randn(64, 32)
+    steps = _codes_per_step(m, x, 3)
+    k_codes = [got[0] for got in steps]  # k's (v's are the same tensor eagerly)
+    assert int(m.q.hot_step) == 0 and int(m.k.hot_step) == 3
+    assert not torch.equal(k_codes[0], k_codes[1]) and not torch.equal(k_codes[1], k_codes[2])
+    m.q.requires_grad_(True)  # trains again: the source again
+    assert abc_source(m.k) is m.q
+
+
+def test_a_source_whose_backward_stopped_is_an_error():
+    """q trains but its output misses the loss in a step: its counter falls behind k's, and the
+    next forward says so instead of repeating q's seeds for k and v."""
+    m = _pair()
+    x = torch.randn(64, 32)
+    _codes_per_step(m, x, 1)
+    _codes_per_step(m, x, 1, use_q=False)  # q not called: no backward of q
+    with pytest.raises(RuntimeError, match=r"follows the seeds of 'q'.*share='none'"):
+        m(x)
