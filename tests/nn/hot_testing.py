@@ -57,6 +57,17 @@ def grads(model: nn.Module, x: torch.Tensor, gy: torch.Tensor):
                     for n, p in model.named_parameters()}
 
 
+def step_grads(model: nn.Module, fwd, xs) -> list[dict]:
+    """Parameter gradients of one backward of fwd(x).square().sum() per input in ``xs`` (no
+    optimizer: the same weights each step; ``fwd``: the model or a compiled model)."""
+    out = []
+    for x in xs:
+        model.zero_grad(set_to_none=True)
+        fwd(x).square().sum().backward()
+        out.append({k: p.grad.clone() for k, p in model.named_parameters()})
+    return out
+
+
 def saved_by_forward(model: nn.Module, x: torch.Tensor):
     """(output, tensors autograd saved during ``model(x)`` that are not (views of) the model's
     Parameters, Parameters/views that were saved), via saved_tensors_hooks."""

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 import hot
 from hot.models.vit import TinyViT
-from hot_testing import is_abc_seed, saved_by_forward
+from hot_testing import is_abc_seed, saved_by_forward, step_grads
 
 SAVE = hot.HOTConfig(seed=5).replace(hla={"abc": "save"})
 RECOMPUTE = SAVE.replace(hla={"abc": "recompute"})
@@ -44,21 +44,11 @@ def _inputs(shape, n: int, seed: int = 1):
     return [torch.randn(shape, generator=g) for _ in range(n)]
 
 
-def _grads(model, fwd, xs):
-    """Parameter gradients of one backward per input in ``xs`` (no optimizer: the same weights
-    each step)."""
-    out = []
-    for x in xs:
-        model.zero_grad(set_to_none=True)
-        fwd(x).square().sum().backward()
-        out.append({k: p.grad.clone() for k, p in model.named_parameters()})
-    return out
-
-
 def _train_grads(base, cfg, compiled: bool, xs):
-    """_grads of a converted copy of ``base`` (eager, or aot_eager-compiled)."""
+    """step_grads of a converted copy of ``base`` (eager, or aot_eager-compiled)."""
     m = hot.convert(copy.deepcopy(base), cfg, backend="reference")
-    return _grads(m, torch.compile(m, backend="aot_eager", fullgraph=True) if compiled else m, xs)
+    fwd = torch.compile(m, backend="aot_eager", fullgraph=True) if compiled else m
+    return step_grads(m, fwd, xs)
 
 
 def _assert_equal(a, b):
@@ -80,7 +70,7 @@ def test_recompute_gives_the_saved_codes_eagerly_and_compiled(seed):
         res.append(_train_grads(base, cfg, False, xs))
     torch.manual_seed(3)
     m = hot.convert(copy.deepcopy(base), rec, backend="reference")
-    res.append(_grads(m, torch.compile(m, backend="aot_eager", fullgraph=True), xs))
+    res.append(step_grads(m, torch.compile(m, backend="aot_eager", fullgraph=True), xs))
     _assert_equal(res[0], res[1])
     _assert_equal(res[0], res[2])
     assert [int(x.hot_step) for _, x in hot.hot_layers(m)] == [3, 3]
@@ -158,7 +148,7 @@ def test_inductor_rebuilds_x_and_keeps_no_codes():
             m = hot.convert(copy.deepcopy(base), cfg, backend="reference")
             f = torch.compile(m, backend="inductor", fullgraph=True)
             saved[name] = _saved(f, x)
-            grads[name] = _grads(m, f, _inputs((4, 8, 32), 2))
+            grads[name] = step_grads(m, f, _inputs((4, 8, 32), 2))
     (b_save, d_save), (b_rec, d_rec) = saved["save"], saved["recompute"]
     assert torch.int8 in d_save and torch.int8 not in d_rec
     # save keeps the two int8 copies (32 and 64 features, rank 8 of 16 rows of 512: 256 rows)

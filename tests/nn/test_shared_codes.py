@@ -14,6 +14,7 @@ import torch.nn as nn
 import hot
 from hot.nn import autograd as ag
 from hot.nn.groups import abc_source
+from hot_testing import step_grads
 
 
 class Attention(nn.Module):
@@ -139,15 +140,6 @@ def test_share_values_are_validated():
 # ---------------------------------------------------------------- with HLAConfig(abc="recompute")
 
 
-def _grads_of(model, fwd, xs):
-    out = []
-    for x in xs:
-        model.zero_grad(set_to_none=True)
-        fwd(x).square().sum().backward()
-        out.append({k: p.grad.clone() for k, p in model.named_parameters()})
-    return out
-
-
 @pytest.mark.parametrize("quantized", [False, True])
 def test_recompute_gives_the_saved_shared_codes_eagerly_and_compiled(quantized):
     """With recompute the siblings' backward forms x's codes with the source's seeds at the
@@ -162,7 +154,7 @@ def test_recompute_gives_the_saved_shared_codes_eagerly_and_compiled(quantized):
             layer.set_hot_config(layer.hot_config.replace(hla={"abc": abc}))
         torch._dynamo.reset()
         fwd = torch.compile(m, backend="aot_eager", fullgraph=True) if compiled else m
-        res.append(_grads_of(m, fwd, xs))
+        res.append(step_grads(m, fwd, xs))
     for got in res[1:]:
         for step, (a, b) in enumerate(zip(res[0], got)):
             for k in a:
