@@ -151,7 +151,7 @@ def make_plan(layer, cfg: HOTConfig, backend: str, seq: int, empty: bool = False
     # x's codes and the drawn rows follow the group source's seeds and step (HLAConfig.share)
     src = abc_source(layer)
     check_source(layer, src)
-    at = src.hot_step_value()
+    at = step if src is layer else src.hot_step_value()
     seed_x = 0 if exact or not cfg.hla.bits or cfg.hla.rounding != "stochastic" \
         else layer_seed(src, cfg, ABC_X, at)
     hist = None if exact else hla_history(layer, cfg, ABC_X, layer.weight.device)
