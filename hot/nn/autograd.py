@@ -510,8 +510,16 @@ def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: 
         if rows is None:
             rows = patches(x, w.shape[-2:], stride, padding, dilation)
         if exact:  # the patches themselves (a transient of kh*kw times x)
-            return y, rows.contiguous(), _empty(y), _empty(y)
+            return y, _own_copy(rows.contiguous(), x), _empty(y), _empty(y)
         return (y, *_abc_outputs(layer, plan, rows, False, draw, codes))
+
+
+def _own_copy(t: torch.Tensor, of: torch.Tensor) -> torch.Tensor:
+    """``t``, copied where it shares memory with ``of``: a custom operator's output may not alias
+    its input (a 1x1 convolution's patches of a channels-last x are a view of x)."""
+    if t.untyped_storage().data_ptr() == of.untyped_storage().data_ptr():
+        return t.clone()
+    return t
 
 
 def conv_out_hw(x_shape, w_shape, stride, padding, dilation) -> tuple[int, int]:

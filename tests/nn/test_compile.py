@@ -165,6 +165,23 @@ def test_conv_compiles_without_graph_breaks_and_trains_like_eager():
     assert _steps(mc) == [3, 3, 3]
 
 
+def test_channels_last_pointwise_conv_in_its_exact_phase_compiles():
+    """A 1x1 convolution's patches of a channels-last x are a view of x; kept in the exact
+    phase, hot::conv_fwd returns a copy, as a custom operator's output may not alias its input
+    (an error under torch.compile in this suite: tests/conftest.py)."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReLU(), nn.Conv2d(8, 4, 1), nn.Flatten(),
+                         nn.Linear(4 * 4 * 4, 5)).to(memory_format=torch.channels_last)
+    cfg = hot.HOTConfig(seed=2, exact_steps=2)
+    me = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    mc = hot.convert(copy.deepcopy(base), cfg, backend="reference")
+    batches = [(x.to(memory_format=torch.channels_last), t[:, 0, 0, :1].expand(2, 5).contiguous())
+               for x, t in _batches((2, 8, 4, 4), 1)]
+    eager = _train(me, me, batches, x_grad=True)
+    comp = _train(mc, torch.compile(mc, backend="aot_eager", fullgraph=True), batches, x_grad=True)
+    _assert_same_training(eager, comp)
+
+
 def test_autocast_bf16_compiles_without_graph_breaks():
     """Autocast is applied before the ops as in eager mode (bf16 codes of bf16 operands)."""
     cfg = hot.HOTConfig(seed=4)
