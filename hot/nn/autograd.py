@@ -405,11 +405,18 @@ def _shared_x_codes(x2d: torch.Tensor, src: int, f: "CallFlags",
     if token is None:
         return _call(x_codes, _x_codes, *args)
     key = (token[0], args[1:], tuple(x2d.shape), x2d.dtype)
-    last = getattr(_LAST_CODES, "entry", None)
-    if last is not None and last[0] == key and last[1]() is not None and last[1]() is token[1]():
+    return _last_or(_LAST_CODES, key, (token[1],), lambda: _x_codes(*args))
+
+
+def _last_or(store: threading.local, key: tuple, refs: tuple, compute):
+    """Eagerly, the result ``store`` kept of the last call when that call had ``key`` and the
+    same live objects as the weak references ``refs``; else ``compute()``, kept in its place."""
+    last = getattr(store, "entry", None)
+    if last is not None and last[0] == key and \
+            all(a() is not None and a() is b() for a, b in zip(last[1], refs)):
         return last[2]
-    out = _x_codes(*args)
-    _LAST_CODES.entry = (key, token[1], out)
+    out = compute()
+    store.entry = (key, refs, out)
     return out
 
 
@@ -730,13 +737,8 @@ def _shared_bwd_codes(ctx, x2d: torch.Tensor, step: torch.Tensor
     forms them (the quantized forward's codes are still formed once, by hot::x_codes)."""
     args = (x2d, step, ctx.src, ctx.cfg, ctx.seq)
     token = _data_token(x2d, *args[2:])
-    last = getattr(_LAST_BWD_CODES, "entry", None)
-    if last is not None and last[0] == token[0] and last[1]() is not None \
-            and last[1]() is token[1]() and last[2]() is step:
-        return last[3]
-    out = _bwd_codes(*args)
-    _LAST_BWD_CODES.entry = (token[0], token[1], weakref.ref(step), out)
-    return out
+    return _last_or(_LAST_BWD_CODES, token[0], (token[1], weakref.ref(step)),
+                    lambda: _bwd_codes(*args))
 
 
 def _layer_bwd_fake(gy2d, w2d, saved0, saved1, fwd_step, key, cfg_key, exact, seq, need_gx,
