@@ -107,11 +107,12 @@ def classifier_loss(model: nn.Module, x, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits_of(model, x).float(), y)
 
 
-def next_token_loss(model: nn.Module, x, y: torch.Tensor) -> torch.Tensor:
-    """A causal LM's next-token cross-entropy (hot train's: lm_loss), in float32: ``y`` holds
-    each position's next token, IGNORE at the last."""
-    logits = logits_of(model, x)
-    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE)
+def next_token_loss(model: nn.Module, x: dict, y: torch.Tensor) -> torch.Tensor:
+    """hot train's lm_loss on the batch's token ids: ``y`` holds each position's next token,
+    IGNORE at the last."""
+    from .lmtrain import lm_loss
+
+    return lm_loss(model, x["input_ids"], y)
 
 
 def _lm_for_analysis(args) -> AnalysisModel:
