@@ -47,7 +47,8 @@ hot-q_compile_cg,float8_tw_compile,float8_rw_compile.
 --memory adds, per mode, where the step's memory goes: the bytes the forward saves for
 backward (autograd's saved tensors, by dtype, counted once per storage; one extra untimed
 step), the parameters, the optimizer's state, and the rest of the peak (transients: logits,
-gradients, workspaces).
+gradients, workspaces); on a GPU also what is live at the peak of one more step, by where it was
+allocated (hot.analysis.peak: the allocator's trace).
 
 Each mode runs in a fresh process (this module with --in-process --modes MODE), because
 torch.compile's caches and the allocator's fragmentation would otherwise carry from one mode to
@@ -387,6 +388,10 @@ def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
         out["profile"] = _profile(lambda i: step(warmup + steps + i))
     if memory:
         out["memory"] = _memory(lambda: step(warmup + steps), m, opt, out["peak_GiB"])
+        if cuda:  # what is live at the peak, by origin, from one more step's allocator trace
+            from ..analysis.peak import record_peak
+
+            out["memory"]["at_peak"] = record_peak(lambda: step(warmup + steps + 1), dev).as_gib()
     if md.hot and cuda:
         from ..fast import native
 
