@@ -44,6 +44,23 @@ def seq_pad(t: torch.Tensor, seq: int) -> torch.Tensor:
     return F.pad(t.reshape(n, seq, -1), (0, 0, 0, s16 - seq)).reshape(n * s16, -1)
 
 
+# g_y's HQ codes (one byte per element) from which a layer's backward forms its two paths one
+# after the other, freeing the first's codes before the second's: at least 512 MiB. The one pass
+# (gy_quantize) holds both paths' codes at once, 1.5 bytes per element of g_y at HLA rank 8;
+# for a language model's output layer (tokens x vocabulary) that is the step's peak (1.9 GiB on
+# a 1B Llama at 32k tokens and a 32k vocabulary, all of it live beside every saved activation,
+# since that layer's backward runs first). Two passes read g_y twice: about 0.35 ms per GiB of
+# bf16 g_y on an H100, paid only by layers at least this large (the output layers).
+SPLIT_GY_CODES = 1 << 29
+
+
+def splits_gy_pass(gy2d: torch.Tensor) -> bool:
+    """Whether a layer's backward quantizes g_y for its two paths in two passes (g_x's, whose
+    codes are freed, then g_W's) rather than one: g_y's codes at least SPLIT_GY_CODES bytes.
+    Both give the same gradients (ops: gy_quantize is the two quantizers)."""
+    return gy2d.numel() >= SPLIT_GY_CODES
+
+
 def no_autocast(device_type: str):
     """A context in which autocast is off. HOT's inputs arrive already cast (the layer applies
     autocast itself, as nn.Linear would), so the HOT work must not be autocast again; outside
@@ -129,7 +146,7 @@ def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_d
     hla = hla_args(plan, bp.seed_hla, bp.gy_hist, bp.seed_draw)
     gy_hla = seq_pad(gy2d, plan.seq) if need_gw else gy2d
     gx = gw = gb = None
-    if need_gx and need_gw and gy_hla is gy2d:
+    if need_gx and need_gw and gy_hla is gy2d and not splits_gy_pass(gy2d):
         # Both paths quantize the same g_y: one pass (layer_backward, or the composition's
         # gy_quantize). A backend's one call may leave g_b to the sum below.
         args = (gy2d, w2d.t(), saved, hq, hla, hq_w, x_dtype, w_dtype, need_gb, plan.backend)
@@ -140,6 +157,7 @@ def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_d
             qg = ops.hq_quantize(gy2d, hq, plan.backend)
             qw = ops.hq_quantize(w2d.t(), hq_w, plan.backend)
             gx = ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, plan.backend)
+            del qg, qw  # freed before the g_W path forms its codes (splits_gy_pass)
         if need_gw:
             qh = ops.hla_quantize(gy_hla, hla, plan.backend)
             gw = ops.int_gemm_nt(qh.q, saved.q, qh.scale, saved.scale, w_dtype, plan.backend)
