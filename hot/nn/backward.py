@@ -7,7 +7,8 @@ For a layer y = x W^T + b with tokens flattened to rows (x: L x I, g_y: L x O):
     backward  g_x = int_gemm_nt(hq_quantize(g_y), hq_quantize(W^T))           (HQ)
               g_W = int_gemm_nt(hla_quantize(g_y), q_x) with scales s_gy, s_x   (HLA)
               g_b = sum over tokens of g_y                                      (exact)
-              (ops.layer_backward in one call, else ops.compose_layer_backward)
+              (ops.layer_backward in one call, else ops.compose_layer_backward; a g_y
+              whose codes reach SPLIT_GY_CODES bytes: the g_x path, then the g_W path)
 
 A frozen weight skips ABC and the g_W path; an input that needs no gradient skips the g_x path
 and does not keep W. During the layer's first ``exact_steps`` backward calls, and from call
