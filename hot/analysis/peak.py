@@ -21,9 +21,10 @@ from typing import Callable, Iterable, NamedTuple
 import torch
 
 BEFORE = "before the step"
-_PACKAGE_MARK = "/hot/"
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../hot/
 _BACKWARD_FRAMES = ("backward", "call_compiled_backward")
-_SKIP = ("/hot/bench/", "/hot/analysis/")  # the harness that runs the step, and this module
+# the harness that runs the step, and this module: never an allocation's origin
+_SKIP = tuple(PACKAGE_DIR + d + os.sep for d in ("bench", "analysis"))
 
 
 class PeakShare(NamedTuple):
@@ -74,9 +75,9 @@ def origin(frames: Iterable[dict]) -> str:
     # stack of whatever backward allocates; a name merely containing it (layer_backward) is not.
     backward = any(f.get("name") in _BACKWARD_FRAMES for f in frames)
     for f in frames:  # the innermost frame that names an origin
-        fn = f.get("filename", "").replace("\\", "/")
-        if _PACKAGE_MARK in fn and not any(s in fn for s in _SKIP):
-            where = "hot/" + fn.rsplit(_PACKAGE_MARK, 1)[1] + ":" + f.get("name", "?")
+        fn = f.get("filename", "")
+        if fn.startswith(PACKAGE_DIR) and not fn.startswith(_SKIP):
+            where = "hot/" + fn[len(PACKAGE_DIR):].replace(os.sep, "/") + ":" + f.get("name", "?")
             return where + (" (backward)" if backward else "")
         if "/_inductor/" in fn or any(fn.startswith(d) for d in graph_dirs):
             return "compiled backward" if backward else "compiled forward"

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from hot.analysis.peak import BEFORE, origin, record_peak, replay
+from hot.analysis.peak import BEFORE, PACKAGE_DIR, origin, record_peak, replay
 
-HOT_BWD = [dict(filename="/site/hot/fast/native.py", name="layer_backward"),
-           dict(filename="/site/hot/nn/autograd.py", name="_layer_bwd"),
+HOT_BWD = [dict(filename=PACKAGE_DIR + "fast/native.py", name="layer_backward"),
+           dict(filename=PACKAGE_DIR + "nn/autograd.py", name="_layer_bwd"),
            dict(filename="/usr/lib/torch/_functorch/_aot_autograd/runtime_wrappers.py",
                 name="backward")]
 GRAPH_FWD = [dict(filename="/tmp/ind/ab/cabc.py", name="call"),
@@ -32,11 +32,11 @@ def test_origin_names_the_innermost_package_frame_then_the_graph_then_the_caller
     assert origin(HOT_BWD) == "hot/fast/native.py:layer_backward (backward)"
     assert origin(HOT_BWD[:2]) == "hot/fast/native.py:layer_backward"
     # the harness that runs the step is not an origin: the graph under it is
-    harness = [dict(filename="/site/hot/bench/e2e.py", name="step")]
+    harness = [dict(filename=PACKAGE_DIR + "bench/e2e.py", name="step")]
     assert origin(GRAPH_FWD + harness) == "compiled forward"
     assert origin([GRAPH_FWD[0], HOT_BWD[2]]) == "compiled backward"
     # a graph's own buffer, though a module of this package is further out on the stack
-    outer = [dict(filename="/site/hot/nn/modules.py", name="forward")]
+    outer = [dict(filename=PACKAGE_DIR + "nn/modules.py", name="forward")]
     assert origin(GRAPH_FWD + outer) == "compiled forward"
     assert origin(HOT_BWD[:1] + GRAPH_FWD) == "hot/fast/native.py:layer_backward"
     assert origin([dict(filename="/usr/lib/torch/optim/adamw.py", name="_fused_adamw")]) \
@@ -44,6 +44,8 @@ def test_origin_names_the_innermost_package_frame_then_the_graph_then_the_caller
     assert origin([dict(filename="/usr/lib/torch/nn/functional.py", name="linear"),
                    dict(filename="/home/u/train.py", name="main")]) == "train.py:main"
     assert origin([]) == "eager (torch)"
+    # a user's own folder named hot is not this package
+    assert origin([dict(filename="/home/u/hot/train.py", name="main")]) == "train.py:main"
     # the same file outside Inductor's cache directory is a caller, not a graph
     assert origin([dict(filename="/tmp/other/ab/cabc.py", name="call")]) == "cabc.py:call"
 
