@@ -60,7 +60,7 @@ def test_only_output_layer_sized_g_y_is_split():
     assert hb.splits_gy_pass(meta(32768, 32000))  # Llama-1b's output layer, 16 x 2048 tokens
     assert hb.splits_gy_pass(meta(16384, 128256))  # a 128k vocabulary
     assert not hb.splits_gy_pass(meta(32768, 8192))  # its gate / up projections
-    assert not hb.splits_gy_pass(meta(16384, 14336))  # Llama-8B's at 16k tokens
+    assert not hb.splits_gy_pass(meta(32768, 14336))  # Llama-8B's at 32k tokens
     assert not hb.splits_gy_pass(meta(25216, 3072))  # ViT-B/16's fc1 at batch 128
 
 
