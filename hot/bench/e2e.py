@@ -593,7 +593,8 @@ def main(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> int:
                         "input form its codes once under torch.compile)")
     p.add_argument("--memory", action="store_true",
                    help="also record where the memory goes: saved tensors by dtype, parameters, "
-                        "optimizer state, the rest of the peak (one extra untimed step)")
+                        "optimizer state, the rest of the peak (one extra untimed step); on a "
+                        "GPU also what is live at the peak, by origin (one more step)")
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--profile", action="store_true",
                    help="also profile 2 steps: GPU busy time and the kernels that take most of it")
