@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import defaultdict
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple, Optional
 
 import torch
 
@@ -52,25 +52,26 @@ class PeakReport(NamedTuple):
         return {"peak_GiB": g(self.peak_bytes), "at": self.at, "live_GiB": shares}
 
 
-def _graph_code_dirs() -> tuple[str, ...]:
-    """Where torch.compile's generated graph code lives: Inductor's cache directory, which
+def graph_code_dir() -> str:
+    """The path prefix of torch.compile's generated graph code: Inductor's cache directory, which
     TORCHINDUCTOR_CACHE_DIR moves (read as Inductor's cache_dir reads it, without its side
     effects of creating the directory and setting the variable)."""
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if env:
-        return (os.path.abspath(env).rstrip("/") + "/",)
+        return os.path.abspath(env).rstrip("/") + "/"
     try:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     except ImportError:  # a torch without that helper: its default location's prefix
-        return (tempfile.gettempdir() + "/torchinductor_",)
-    return (default_cache_dir().rstrip("/") + "/",)
+        return tempfile.gettempdir() + "/torchinductor_"
+    return default_cache_dir().rstrip("/") + "/"
 
 
-def origin(frames: Iterable[dict]) -> str:
+def origin(frames: Iterable[dict], graph_dir: Optional[str] = None) -> str:
     """The origin of one allocation from its stack (innermost frame first, as the allocator's
-    trace lists it; each frame a dict with ``filename``, ``name``): see the module docstring."""
+    trace lists it; each frame a dict with ``filename``, ``name``): see the module docstring.
+    ``graph_dir``: graph_code_dir(), read once by a caller that labels many stacks."""
     frames = list(frames)
-    graph_dirs = _graph_code_dirs()
+    graph_dir = graph_code_dir() if graph_dir is None else graph_dir
     # An autograd Function's backward (HOT's, or a compiled graph's runtime wrapper) is on the
     # stack of whatever backward allocates; a name merely containing it (layer_backward) is not.
     backward = any(f.get("name") in _BACKWARD_FRAMES for f in frames)
@@ -79,7 +80,7 @@ def origin(frames: Iterable[dict]) -> str:
         if fn.startswith(PACKAGE_DIR) and not fn.startswith(_SKIP):
             where = "hot/" + fn[len(PACKAGE_DIR):].replace(os.sep, "/") + ":" + f.get("name", "?")
             return where + (" (backward)" if backward else "")
-        if "/_inductor/" in fn or any(fn.startswith(d) for d in graph_dirs):
+        if "/_inductor/" in fn or fn.startswith(graph_dir):
             return "compiled backward" if backward else "compiled forward"
         if "/torch/optim/" in fn:
             return "optimizer"
@@ -110,11 +111,12 @@ def replay(events: Iterable[dict], before: int) -> PeakReport:
             live[e["addr"]] = (int(e["size"]), e)
         elif live.pop(e["addr"], None) is None:
             from_before -= int(e["size"])
+    graph_dir = graph_code_dir()
     by: dict[str, int] = defaultdict(int)
     by[BEFORE] = from_before
     for size, e in live.values():
-        by[origin(e.get("frames", ()))] += size
-    at = origin(events[at_index].get("frames", ())) if at_index >= 0 else BEFORE
+        by[origin(e.get("frames", ()), graph_dir)] += size
+    at = origin(events[at_index].get("frames", ()), graph_dir) if at_index >= 0 else BEFORE
     shares = tuple(PeakShare(o, b) for o, b in sorted(by.items(), key=lambda kv: -kv[1]) if b)
     return PeakReport(peak, at, shares)
 
