@@ -6,7 +6,8 @@ allocator can record every allocation and free with the Python stack that made i
 keeping the allocated bytes, and at their largest groups the live allocations by origin
 (:func:`origin`): the innermost frame that is in this package (a HOT operator's own buffers,
 e.g. ``hot/fast/native.py:layer_backward (backward)``), in a torch.compile graph (its forward or
-backward) or in the optimizer, else the innermost frame outside torch. What was allocated before
+backward) or in the optimizer; else, inside an eager backward, ``eager backward``, and elsewhere
+the innermost frame outside torch (the model's own code, the loss). What was allocated before
 the recorded step and is still live at the peak (parameters, optimizer state, gradients kept
 across steps) is one share, ``before the step``.
 """
@@ -23,8 +24,9 @@ import torch
 BEFORE = "before the step"
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../hot/
 _BACKWARD_FRAMES = ("backward", "call_compiled_backward")
-# the harness that runs the step, and this module: never an allocation's origin
-_SKIP = tuple(PACKAGE_DIR + d + os.sep for d in ("bench", "analysis"))
+# the harnesses that run the step (the benchmarks, the command line) and this module: never an
+# allocation's origin
+_SKIP = tuple(PACKAGE_DIR + d + os.sep for d in ("bench", "cli", "analysis"))
 
 
 class PeakShare(NamedTuple):
@@ -84,11 +86,13 @@ def origin(frames: Iterable[dict], graph_dir: Optional[str] = None) -> str:
             return "compiled backward" if backward else "compiled forward"
         if "/torch/optim/" in fn:
             return "optimizer"
+    if backward:  # an eager autograd backward of a torch op: whoever called backward is not it
+        return "eager backward"
     for f in frames:
         fn = f.get("filename", "")
         if fn and "/torch/" not in fn and not fn.startswith("??"):
             return fn.rsplit("/", 1)[-1] + ":" + f.get("name", "?")
-    return "eager backward" if backward else "eager (torch)"
+    return "eager (torch)"
 
 
 def replay(events: Iterable[dict], before: int) -> PeakReport:

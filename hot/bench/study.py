@@ -112,6 +112,9 @@ SETTINGS = {s.name: s for s in (
             about="HOTConfig(): unbiased HLA (stratified rows), HQ width auto"),
     # HOTConfig.quantized(): the same backward as "hot" with the INT8 HQ forward
     dataclasses.replace(recipe_setting("hot-q"), pair="hot"),
+    # hot-q with HLAConfig(share="siblings"): one pass over an input several layers read
+    Setting("hot-q_share", ("--method", "hot-q", "--hla-share", "siblings"), rank=8,
+            pair="hot-q", about="HOTConfig.quantized() with HLAConfig(share='siblings')"),
     # HLAConfig(share="siblings"): the same as "hot" with sibling layers' x codes on one seed
     Setting("hot_share", ("--method", "hot", "--hla-share", "siblings"), rank=8, pair="hot",
             about="HOTConfig() with HLAConfig(share='siblings'): siblings' x codes shared"),

@@ -10,6 +10,7 @@ import torch
 
 from ..analysis import memory as M
 from ..common.config import DRAWN_SELECTIONS
+from ..analysis.peak import record_peak
 from ..analysis.saved import OTHER, SavedTensorMeter
 from ..analysis.shapes import layer_shapes
 from . import argtypes as T
@@ -29,7 +30,9 @@ def add_parser(sub) -> None:
         "hooks, the bytes autograd keeps for backward in every Linear/Conv2d (parameters "
         "excluded, each storage once), next to the analytic model: weights, gradients, AdamW "
         "state and saved layer inputs. It leads with the totals against the exact baselines "
-        "and says when a HOT method keeps more than one of them. Writes a bar chart PNG.",
+        "and says when a HOT method keeps more than one of them. On a CUDA device it also says "
+        "where the GPU peak goes: the bytes live at it by where they were allocated (the "
+        "parameters, a HOT operator, the model's own ops, the loss). Writes a bar chart PNG.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_args(p)
     p.add_argument("--methods", type=T.method_list, default="fp32,bf16,hot",
@@ -66,13 +69,24 @@ def run(args) -> int:
     for name in progress(methods, "memory: forward/backward per method"):
         method, mcfg = chosen[name], configs[name]
         model = method.prepare(copy.deepcopy(base), mcfg, None, args.backend)
+        meters = []
+
+        def step():
+            with SavedTensorMeter(model) as meter, method.context(device):
+                loss = loss_of(model, x, y)
+            loss.backward()
+            meters.append(meter)
+
+        at_peak = None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
             start = torch.cuda.memory_allocated(device)
-        with SavedTensorMeter(model) as meter, method.context(device):
-            loss = loss_of(model, x, y)
-        loss.backward()
+            # where each GiB at the peak was allocated (the allocator's trace of this one step)
+            at_peak = record_peak(step, device).as_gib()
+        else:
+            step()
+        meter = meters[0]
         peak = (torch.cuda.max_memory_allocated(device) - start) if device.type == "cuda" else None
         analytic, model_name = {}, method.cost.memory
         run = mcfg or cfg
@@ -91,6 +105,7 @@ def run(args) -> int:
             "measured_saved_other": meter.by_layer.get(OTHER, 0),
             "measured_saved_total": meter.total,
             "peak_forward_backward_bytes": peak,
+            "at_peak": at_peak,
             "analytic": {"weights": state["weights"], "gradients": state["gradients"],
                          "optimizer": state["optimizer"], "activations_linear": an_act,
                          "total": None if an_act is None else (
@@ -98,7 +113,7 @@ def run(args) -> int:
             "layers": {n: {"measured": meter.by_layer.get(n, 0), "analytic": analytic.get(n),
                            "dtypes": sorted(meter.dtypes.get(n, ()))} for n in names},
         }
-        del model, loss
+        del model
     comparison, verdict = compare_totals(results)
     out = {"model": args.model, "batch": args.batch, "input_shape": shape, "device": str(device),
            "hot_config": cfg.to_dict(), "params": state["params"],
@@ -200,4 +215,15 @@ def _text(out: dict, methods: list[str], names: list[str]) -> str:
     return "\n".join([
         f"{out['model']}, batch {out['batch']}, one training step on {out['device']}:", "",
         lead, "", *out["summary"], "", "Per layer:", render_table(hdr, rows), "",
-        f"{out['notes']}."] + ([f"plot: {out['plot']}"] if out.get("plot") else []))
+        *_at_peak_lines(results), f"{out['notes']}."]
+        + ([f"plot: {out['plot']}"] if out.get("plot") else []))
+
+
+def _at_peak_lines(results: dict) -> list[str]:
+    """Where each method's GPU peak goes (hot.analysis.peak), one line per method; none on a
+    device without the caching allocator's trace."""
+    lines = [f"{m}: peak {r['at_peak']['peak_GiB']:.3f} GiB = "
+             + ", ".join(f"{o} {g:.3f}" for o, g in r["at_peak"]["live_GiB"].items())
+             for m, r in results.items() if r.get("at_peak")]
+    return ["Where the GPU peak goes (GiB live at the peak, by where it was allocated):",
+            *lines, ""] if lines else []

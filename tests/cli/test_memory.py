@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 import torch
 import torch.nn as nn
 
@@ -108,6 +110,34 @@ def test_memory_leads_with_totals_and_says_when_hot_keeps_more(run_cli, run_text
     assert out.index("hot keeps MORE than bf16") < out.index("Per layer:")
     more_pct, less_pct = tot["hot"] / tot["bf16"] - 1, 1 - tot["hot"] / tot["fp32"]
     assert f"({more_pct:.0%} MORE)" in out and f"({less_pct:.0%} less)" in out
+    # a CPU has no allocator trace: no peak, no section that would claim one
+    assert all(r["at_peak"] is None for r in d["methods"].values())
+    assert "Where the GPU peak goes" not in out
+
+
+@pytest.mark.gpu
+def test_memory_on_a_gpu_says_where_the_peak_goes(run_cli, run_text):
+    args = ["memory", "tiny-vit", "--batch", 64, "--vit-dim", 64, "--vit-depth", 2,
+            "--methods", "bf16,hot", "--device", "cuda", "--backend", "fast", "--no-plot"]
+    rc, d = run_cli(*args)
+    assert rc == 0
+    for m, r in d["methods"].items():
+        p = r["at_peak"]
+        live = p["live_GiB"]
+        # the shares are the peak's bytes (each rounded to 1e-3 GiB)
+        assert abs(sum(live.values()) - p["peak_GiB"]) <= 1e-3 * len(live), m
+        # the peak above what was allocated before the step is the allocator's own
+        assert abs(p["peak_GiB"] - live["before the step"]
+                   - r["peak_forward_backward_bytes"] / 2**30) <= 2e-3, m
+        assert p["peak_GiB"] > live["before the step"] > 0, m
+    # HOT's operators (hot.nn, its backends) allocate what is live at HOT's peak (the codes);
+    # none runs under bf16 (the model's own code, hot/models, is not one of them)
+    ops = ("hot/nn/", "hot/fast/", "hot/reference/", "hot/common/")
+    assert any(o.startswith(ops) for o in d["methods"]["hot"]["at_peak"]["live_GiB"])
+    assert not any(o.startswith(ops) for o in d["methods"]["bf16"]["at_peak"]["live_GiB"])
+    rc, out, _ = run_text(*args)
+    assert rc == 0 and "Where the GPU peak goes" in out
+    assert out.count(": peak ") == 2
 
 
 def test_compare_totals_says_more_only_where_hot_keeps_more():

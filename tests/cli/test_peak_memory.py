@@ -44,6 +44,16 @@ def test_origin_names_the_innermost_package_frame_then_the_graph_then_the_caller
     assert origin([dict(filename="/usr/lib/torch/nn/functional.py", name="linear"),
                    dict(filename="/home/u/train.py", name="main")]) == "train.py:main"
     assert origin([]) == "eager (torch)"
+    # an eager backward of a torch op, whoever called backward (a script, `hot memory`)
+    eager_bwd = [dict(filename="/usr/lib/torch/autograd/__init__.py", name="backward")]
+    assert origin(eager_bwd + [dict(filename="/home/u/train.py", name="main")]) \
+        == "eager backward"
+    assert origin(eager_bwd + [dict(filename=PACKAGE_DIR + "cli/memory.py", name="run")]) \
+        == "eager backward"
+    # the command line is a harness: a model's allocation under it is the model's
+    model = [dict(filename="/usr/lib/transformers/modeling_llama.py", name="forward"),
+             dict(filename=PACKAGE_DIR + "cli/memory.py", name="run")]
+    assert origin(model) == "modeling_llama.py:forward"
     # a user's own folder named hot is not this package
     assert origin([dict(filename="/home/u/hot/train.py", name="main")]) == "train.py:main"
     # the same file outside Inductor's cache directory is a caller, not a graph
