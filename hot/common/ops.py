@@ -264,17 +264,16 @@ def compose_layer_backward(gy: torch.Tensor, wt: torch.Tensor, x_codes: Quantize
                            hla: HLAArgs, hq_w: HQArgs, gx_dtype: torch.dtype,
                            gw_dtype: torch.dtype, need_gb: bool, backend: str,
                            gy_codes: Optional[tuple[Quantized, Quantized]] = None,
-                           gb: Optional[torch.Tensor] = None,
-                           w_codes: Optional[Quantized] = None) -> LayerGrads:
+                           gb: Optional[torch.Tensor] = None) -> LayerGrads:
     """layer_backward by its definition: the composed operations, g_b = gy.sum(0) when need_gb.
 
     ``gy_codes``: gy_quantize(gy, hq, hla) where a backend formed it already, on its own pass
     (the fast layer_backward: the pass plan its one-call path needs, which also forms the bias
     sums); ``gb``: g_y's column sums where that pass formed them (float32), cast to gy's
-    dtype after the GEMMs; ``w_codes``: hq_quantize(wt, hq_w), likewise."""
+    dtype after the GEMMs."""
     qx, sx = x_codes
     (q1, s1), (q2, s2) = gy_codes if gy_codes is not None else gy_quantize(gy, hq, hla, backend)
-    qw, sw = w_codes if w_codes is not None else hq_quantize(wt, hq_w, backend)
+    qw, sw = hq_quantize(wt, hq_w, backend)
     gx = int_gemm_nt(q1, qw, s1, sw, gx_dtype, backend)
     gw = int_gemm_nt(q2, qx, s2, sx, gw_dtype, backend)
     if need_gb:

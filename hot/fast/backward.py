@@ -22,7 +22,7 @@ from . import native
 from .arch import arch_for
 from .gemm import cutlass_operand_ok, ext_caps
 from .passes import bsum_capable, plan_for, step_counter
-from .quantize import run_pass, tagged_codes
+from .quantize import run_pass
 
 _FAST = BackendName.FAST.value
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -56,8 +56,7 @@ def layer_backward(gy: torch.Tensor, wt: torch.Tensor, x_codes: Quantized, hq: H
     if w_step is not None and w_step is not step:
         raise ValueError("layer_backward: the g_y and W passes must follow the same step counter")
     pg = plan_for(gy, hq, hla, bsum, step is not None)
-    # W's pass on the two kernels, which the C++ call takes over (band=False)
-    pw = plan_for(wt, hq_w, None, False, step is not None, band=False)
+    pw = plan_for(wt, hq_w, None, False, step is not None)
     kind = _gemm_kind(gy.device, pg.c16, pg.lr, hq.bits) if cutlass_operand_ok(qx) else None
     if kind is None or qx.shape[1] != pg.lr or pw.c16 != pg.c16:
         return None
@@ -67,15 +66,12 @@ def layer_backward(gy: torch.Tensor, wt: torch.Tensor, x_codes: Quantized, hq: H
         # register the plans, and whose int_gemm_nt runs the same CUTLASS GEMM (_gemm_kind) as
         # the C++ call would. g_y's pass runs on pg itself: with the bias sums, pg is not the
         # plan of gy_quantize, and the C++ call needs pg registered. A delayed HLA scale's
-        # kernels always launch from Python. W's codes come from pw, which the C++ call needs
-        # registered too.
+        # kernels always launch from Python.
         g = run_pass(gy, pg, hq, hla)
-        w = run_pass(wt, pw, hq_w, None)
         return compose_layer_backward(gy, wt, x_codes, hq, hla, hq_w, gx_dtype, gw_dtype,
                                       need_gb, _FAST, (Quantized(g.hq_q, g.hq_s),
                                                        Quantized(g.hla_q, g.hla_s)),
-                                      g.bsum if bsum else None,
-                                      Quantized(tagged_codes(w.hq_q, hq_w.bits), w.hq_s))
+                                      g.bsum if bsum else None)
     gx, gw, gb = native.layer_backward(pg, pw, cg, cw, gy, wt, qx, sx, hq, hla, hq_w, step, kind,
                                        gx_dtype, gw_dtype)
     return LayerGrads(gx, gw, gb)

@@ -106,7 +106,6 @@ class PassPlan:
     stats_meta: Meta
     quantize_meta: Meta
     delayed: Optional["DelayedPlan"] = None  # HLAArgs.history given: the one-read kernels
-    band: Optional["BandPlan"] = None  # an HQ pass alone with per-row scales, read once
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,20 +125,6 @@ class DelayedPlan:
     fix_g: int
     band: bool  # HQ per row, formed in onepass_kernel's bands
     onepass_ok: bool  # onepass_kernel runs this pass (else stats, fold, quantize)
-
-
-@dataclass(frozen=True, eq=False)
-class BandPlan:
-    """An HQ pass with per-row scales and no HLA part, read once on a GPU: onepass_kernel's bands
-    alone (DO_HLA off) over a 1-D grid of n_rt * n_ct tickets on the fixed tile. Each row's
-    scale is this pass's own absmax, from the stats kernel's dot (DOT_AMAX), so the codes are
-    the two-kernel pass's bit for bit. Where a band does not fit on the GPU at once, the plan's
-    stats and quantize kernels run instead."""
-
-    onepass: Callable
-    onepass_meta: Meta
-    n_rt: int
-    n_ct: int
 
 
 def _pow2(n: int) -> int:
@@ -269,16 +254,10 @@ def bsum_capable() -> bool:
     return fixed_tile()
 
 
-def band_capable(dev: torch.device) -> bool:
-    """Whether passes on ``dev`` can run as bands of programs that wait for each other: a GPU,
-    compiled (the interpreter runs programs one after another)."""
-    return dev.type == "cuda" and not options().interpret
-
-
 @functools.lru_cache(maxsize=4096)
 def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
           hq: Optional[tuple], hla: Optional[tuple], bsum: bool, use_step: bool,
-          delayed: bool = False, band: bool = False) -> PassPlan:
+          delayed: bool = False) -> PassPlan:
     c16, l16 = pad_to(c), pad_to(r)
     rank, selection = (hla[0], hla[1]) if hla else (BLOCK, "lowpass")
     stats, quantize = _launchers()
@@ -332,33 +311,20 @@ def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
                    HLA_QMAX=float(quant.qmax(hla[2])), HLA_STOCH=bool(hla[4]),
                    BLOCK_R=tile.rows, BLOCK_C=tile.cols, num_warps=tile.warps,
                    enable_fp_fusion=False)
-        band = hq_row and band_capable(dev)
+        band = hq_row and dev.type == "cuda" and not options().interpret
         dp = DelayedPlan(
             onepass, fixup,
-            Meta(**own, DO_HQ=band, DO_HLA=True, DO_BSUM=bsum, DOT_AMAX=False,
-                 DOT_DTYPE=dot_dtype, PREC=prec,
-                 HQ_QMAX=quantize_meta.kw["HQ_QMAX"],
+            Meta(**own, DO_HQ=band, DO_BSUM=bsum, HQ_QMAX=quantize_meta.kw["HQ_QMAX"],
                  HQ_STOCH=quantize_meta.kw["HQ_STOCH"],
                  EVEN=r % tile.rows == 0 and c % tile.cols == 0),
             Meta(**own, EVEN=False), n_rt, n_ct,
             # the fix-up's programs per column of tiles: FIXUP_PROGRAMS in all
             max(1, min(n_rt, -(-FIXUP_PROGRAMS // n_ct))), band, band or hq is None)
-    bp = None
-    if band and hq_row and hla is None and band_capable(dev):
-        onepass, _ = _delayed_launchers()
-        bp = BandPlan(onepass, Meta(
-            USE_STEP=use_step, RANK=BLOCK, SEL=0, DO_HQ=True, DO_HLA=False, DO_BSUM=False,
-            HQ_QMAX=quantize_meta.kw["HQ_QMAX"], HQ_STOCH=quantize_meta.kw["HQ_STOCH"],
-            HLA_QMAX=1.0, HLA_STOCH=False, IDX64=sw["IDX64"], DOT_AMAX=True,
-            DOT_DTYPE=dot_dtype, PREC=prec,
-            EVEN=r % tile.rows == 0 and c % tile.cols == 0, BLOCK_R=tile.rows,
-            BLOCK_C=tile.cols, num_warps=tile.warps, enable_fp_fusion=False),
-            -(-r // tile.rows), -(-c16 // tile.cols))
     return PassPlan(c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, stats=stats,
                     quantize=quantize, uid=next(_PLAN_IDS), bsum=bsum, do_hq=hq is not None,
                     do_hla=hla is not None, hq_spad=pad_to(nh, SCALE_PAD),
                     hla_spad=pad_to(nl, SCALE_PAD), grid=grid, stats_meta=stats_meta,
-                    quantize_meta=quantize_meta, delayed=dp, band=bp)
+                    quantize_meta=quantize_meta, delayed=dp)
 
 
 @on_change
@@ -370,20 +336,16 @@ def clear_plans() -> None:
 
 
 def plan_for(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
-             bsum: bool = False, use_step: Optional[bool] = None,
-             band: bool = True) -> PassPlan:
+             bsum: bool = False, use_step: Optional[bool] = None) -> PassPlan:
     """The cached pass plan of x's shape, strides, dtype and device (hq / hla as in gy_pass);
-    use_step: whether the seeds follow a step counter (found from hq / hla when None); band:
-    whether an HQ pass alone with per-row scales may read x once on a GPU (BandPlan; False
-    keeps the two kernels, which the C++ launch of hot.fast.native takes over)."""
+    use_step: whether the seeds follow a step counter (found from hq / hla when None)."""
     r, c = x.shape
     if use_step is None:
         use_step = step_counter(hq, hla) is not None
     return _plan(r, c, x.stride(), x.dtype, x.device,
                  (hq.bits, hq.scale_mode, hq.stochastic) if hq else None,
                  (hla.rank, hla.selection, hla.bits, hla.scale_mode, hla.stochastic)
-                 if hla else None, bsum, use_step, hla is not None and hla.history is not None,
-                 band)
+                 if hla else None, bsum, use_step, hla is not None and hla.history is not None)
 
 
 def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
@@ -414,24 +376,6 @@ def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
         hla_q if hla else amax, hla_s if hla else amax, p.lr, p.l16 // BLOCK,
         key_arg(hla.seed) if hla else 0, draw_arg(hla), step if step is not None else amax)
     return stats, quantize, PassOutputs(hq_q, hq_s, hla_q, hla_s, bsum)
-
-
-def band_args(x: torch.Tensor, p: PassPlan, hq: HQArgs) -> tuple[OnepassArgs, PassOutputs]:
-    """The runtime arguments of an HQ pass read once (p.band) over x and the outputs they fill.
-    One zeroed int32 workspace: the rows' absmax bits, then the bands' counters and the ticket
-    (16-byte aligned); it stands in for the HLA arguments, which the kernel does not read."""
-    b = p.band
-    r, c = x.shape
-    dev = x.device
-    o1 = _at16(r)
-    ws = absmax_workspace(dev, o1 + b.n_rt + 1)
-    step = step_counter(hq, None)
-    hq_q = torch.empty((r, p.c16), dtype=torch.int8, device=dev)
-    hq_s = torch.empty(p.hq_spad, dtype=torch.float32, device=dev).as_strided((r, 1), (1, 1))
-    one = OnepassArgs(x, x.stride(0), x.stride(1), r, c, ws[:r], ws, ws[o1:], ws, ws, hq_q,
-                      hq_s, p.c16, key_arg(hq.seed), ws, 0, 0, 0,
-                      step if step is not None else ws, b.n_rt, b.n_ct)
-    return one, PassOutputs(hq_q, hq_s, None, None, None)
 
 
 def check_history(x: torch.Tensor, hla: HLAArgs) -> torch.Tensor:

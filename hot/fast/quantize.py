@@ -19,8 +19,8 @@ from ..common.config import DRAWN_SELECTIONS
 from ..common.ops import HLAArgs, HQArgs, Quantized
 from .gemm import tag_small_codes
 from .launch import spec
-from .passes import (PassOutputs, PassPlan, PassRoute, band_args, check_history, fold_delayed,
-                     onepass_args, pass_args, plan_for, resident_programs)
+from .passes import (PassOutputs, PassPlan, PassRoute, check_history, fold_delayed, onepass_args,
+                     pass_args, plan_for, resident_programs)
 
 
 def _check(x: torch.Tensor, what: str) -> None:
@@ -59,16 +59,14 @@ def run_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     """The one launch of a quantizer pass: plan p (plan_for(x, hq, hla, ...)) over x, as gy_pass
     describes its outputs (bias sums summed when p.bsum).
 
-    A delayed HLA scale's pass and an HQ pass read once (p.band) launch from Python
-    (_launch_delayed, _launch_band). Any other runs on the first registered route that has p's
-    kernels for x (the C++ launch, once a Python launch of p registered them), else from Python
-    (_launch_python), which offers the kernels it compiled to the routes."""
+    A delayed HLA scale's pass launches from Python (_launch_delayed). Any other runs on the
+    first registered route that has p's kernels for x (the C++ launch, once a Python launch of p
+    registered them), else from Python (_launch_python), which offers the kernels it compiled
+    to the routes."""
     if hla is not None and hla.selection in DRAWN_SELECTIONS and hla.draw is None:
         raise ValueError(f"fast hla pass: selection {hla.selection!r} needs HLAArgs.draw")
     if p.delayed is not None:
         out = _launch_delayed(x, p, hq, hla)
-    elif p.band is not None and _BAND_FITS.get(p.uid) is not False:
-        out = _launch_band(x, p, hq)
     else:
         for route in _ROUTES:
             done = route.run(x, p, hq, hla)  # bias sums already summed
@@ -107,25 +105,13 @@ _BAND_FITS: dict = {}
 def _band_fits(p: PassPlan, args) -> bool:
     """Whether every program of a band (a row of tiles) can be resident at once, with room to
     spare for other streams' kernels: at most half the programs the GPU holds (the kernel
-    compiled, not run, to read its occupancy). A band that did not fit would wait forever.
-    Of p's one-read plan: p.delayed's, else p.band's."""
+    compiled, not run, to read its occupancy). A band that did not fit would wait forever."""
     fits = _BAND_FITS.get(p.uid)
     if fits is None:
-        d = p.delayed if p.delayed is not None else p.band
+        d = p.delayed
         k = d.onepass.fn.warmup(*args, grid=(d.n_rt * d.n_ct,), **d.onepass_meta.kw)
         fits = _BAND_FITS[p.uid] = d.n_ct <= resident_programs(k, args.x.device) // 2
     return fits
-
-
-def _launch_band(x: torch.Tensor, p: PassPlan, hq: HQArgs) -> PassOutputs:
-    """An HQ pass with per-row scales alone, read once: onepass_kernel's bands (p.band), or the
-    two kernels from Python where a band does not fit (decided once per plan)."""
-    b = p.band
-    one, out = band_args(x, p, hq)
-    if _band_fits(p, one):
-        b.onepass((b.n_rt * b.n_ct,), one, b.onepass_meta)
-        return out
-    return _launch_python(x, p, hq, None)
 
 
 def _launch_delayed(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
@@ -144,27 +130,26 @@ def _launch_delayed(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     return _launch_python(x, p, hq, hla, check_history(x, hla))
 
 
-def tagged_codes(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """q, tagged where its codes lie within [-7, 7] (bits <= 4): they may then use the packed
-    int4 GEMM on Ampere (hot.fast.gemm)."""
+def _codes(q: torch.Tensor, bits: int) -> torch.Tensor:
+    # Codes within [-7, 7] may use the packed int4 GEMM on Ampere (hot.fast.gemm).
     return tag_small_codes(q) if bits <= 4 else q
 
 
 def hq_quantize(x: torch.Tensor, a: HQArgs) -> Quantized:
     _check(x, "hq_quantize")
     o = gy_pass(x, a, None)
-    return Quantized(tagged_codes(o.hq_q, a.bits), o.hq_s)
+    return Quantized(_codes(o.hq_q, a.bits), o.hq_s)
 
 
 def hla_quantize(x: torch.Tensor, a: HLAArgs) -> Quantized:
     _check(x, "hla_quantize")
     o = gy_pass(x, None, a)
-    return Quantized(tagged_codes(o.hla_q, a.bits), o.hla_s)
+    return Quantized(_codes(o.hla_q, a.bits), o.hla_s)
 
 
 def gy_quantize(x: torch.Tensor, hq: HQArgs, hla: HLAArgs) -> tuple[Quantized, Quantized]:
     """(hq_quantize(x, hq), hla_quantize(x, hla)) from one read of each tile."""
     _check(x, "gy_quantize")
     o = gy_pass(x, hq, hla)
-    return (Quantized(tagged_codes(o.hq_q, hq.bits), o.hq_s),
-            Quantized(tagged_codes(o.hla_q, hla.bits), o.hla_s))
+    return Quantized(_codes(o.hq_q, hq.bits), o.hq_s), Quantized(_codes(o.hla_q, hla.bits),
+                                                                  o.hla_s)

@@ -19,8 +19,6 @@ once instead: onepass_kernel quantizes HLA with the previous pass's candidate sc
 folds this pass's absmax, and the g_y pass's per-row HQ scales come from the band of programs
 that share a row of tiles (they meet at a counter); fixup_kernel then writes the HLA scales and
 re-reads only the tiles that hold a column whose candidate was not kept (docs/algorithm.md §3).
-An HQ pass with per-row scales and no HLA part (the quantized forward's codes of x, W's codes)
-reads its input once on a GPU too, with its own scales: onepass_kernel's bands alone.
 
 The math is hot.common.quant's; the quantize kernel must be compiled with enable_fp_fusion=False
 (hot.fast.quantize passes it): the spec rounds t * r and then v + u separately, and with fusion
@@ -654,16 +652,11 @@ def onepass_kernel(
     x_ptr, sxr, sxc, R, C, hq_amax_ptr, hla_amax_ptr, sync_ptr, hist_ptr, bsum_ptr,
     hq_q_ptr, hq_s_ptr, C16, hq_key, hla_q_ptr, LR, NBLK, hla_key, step_ptr, N_RT, N_CT,
     USE_STEP: tl.constexpr, RANK: tl.constexpr, SEL: tl.constexpr, DO_HQ: tl.constexpr,
-    DO_HLA: tl.constexpr, DO_BSUM: tl.constexpr, HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr,
+    DO_BSUM: tl.constexpr, HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr,
     HLA_QMAX: tl.constexpr, HLA_STOCH: tl.constexpr, IDX64: tl.constexpr, EVEN: tl.constexpr,
-    DOT_AMAX: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """A pass from one read of each tile: with DO_HLA, one with a delayed HLA scale
-    (HLAArgs.history); without it, an HQ pass with per-row scales alone (DO_HQ; the HLA
-    arguments unused). With DOT_AMAX the rows' absmax comes from stats_kernel's dot over the
-    tile loaded again (from the caches: DRAM is read once), so the scales, and with them the
-    codes, are the two-kernel pass's bit for bit; else from the butterfly's slabs.
+    """A pass with a delayed HLA scale (HLAArgs.history) from one read of each tile:
 
     HLA: codes with each column's candidate scale (_candidate_recip), the column's absmax of
     this pass folded into hla_amax (fixup_kernel then redoes the columns whose candidate is not
@@ -690,30 +683,23 @@ def onepass_kernel(
         NB: tl.constexpr = BLOCK_C // 16
         ys, rows, c0, rmask = _hq_blocks(x_ptr, sxr, sxc, R, C, pid_r, pid_c, IDX64, EVEN,
                                          BLOCK_R, BLOCK_C)
+        a = _abs_bits(ys[0] * 0.25)
+        for i in tl.static_range(1, 16):
+            a = tl.maximum(a, _abs_bits(ys[i] * 0.25))
         rr = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-        if DOT_AMAX:
-            t = _hq_t_dot(x_ptr, sxr, sxc, R, C, pid_r, pid_c, BLOCK_R, BLOCK_C, DOT_DTYPE,
-                          PREC, IDX64, EVEN)
-            ra = tl.max(_abs_bits(t), axis=1)
-        else:
-            a = _abs_bits(ys[0] * 0.25)
-            for i in tl.static_range(1, 16):
-                a = tl.maximum(a, _abs_bits(ys[i] * 0.25))
-            ra = tl.max(tl.reshape(a, (BLOCK_R, NB)), axis=1)
-        tl.atomic_max(hq_amax_ptr + rr, ra, mask=rr < R, sem="relaxed")
+        tl.atomic_max(hq_amax_ptr + rr, tl.max(tl.reshape(a, (BLOCK_R, NB)), axis=1),
+                      mask=rr < R, sem="relaxed")
         _band_arrive(sync_ptr + pid_r)
-    if DO_HLA:
-        cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        z, d = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64,
-                      EVEN)
-        tl.atomic_max(hla_amax_ptr + cols, tl.max(tl.max(_abs_bits(z), axis=2), axis=0),
-                      mask=cmask, sem="relaxed")
-        if DO_BSUM:
-            tl.store(bsum_ptr + _idx(cols, IDX64) * N_RT + pid_r, tl.sum(d, axis=0), mask=cmask)
-        _hla_store(z, _candidate_recip(hist_ptr, cols, cmask, HLA_QMAX), cols, cmask, pid_r,
-                   hla_q_ptr, LR, NBLK, hla_key, step_ptr, USE_STEP, RANK, True, HLA_QMAX,
-                   HLA_STOCH, IDX64, EVEN, BLOCK_R, BLOCK_C)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    z, d = _hla_z(x_ptr, sxr, sxc, R, C, pid_r, pid_c, SEL, RANK, BLOCK_R, BLOCK_C, IDX64, EVEN)
+    tl.atomic_max(hla_amax_ptr + cols, tl.max(tl.max(_abs_bits(z), axis=2), axis=0),
+                  mask=cmask, sem="relaxed")
+    if DO_BSUM:
+        tl.store(bsum_ptr + _idx(cols, IDX64) * N_RT + pid_r, tl.sum(d, axis=0), mask=cmask)
+    _hla_store(z, _candidate_recip(hist_ptr, cols, cmask, HLA_QMAX), cols, cmask, pid_r,
+               hla_q_ptr, LR, NBLK, hla_key, step_ptr, USE_STEP, RANK, True, HLA_QMAX,
+               HLA_STOCH, IDX64, EVEN, BLOCK_R, BLOCK_C)
     if DO_HQ:
         _band_wait(sync_ptr + pid_r, N_CT)
         # The complete maxima, read from L2 (.cg): this SM's L1 never held them.
