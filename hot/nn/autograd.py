@@ -18,12 +18,11 @@ state at run time:
                                              themselves while exact; with recompute, x is kept,
                                              and backward unfolds it)
     hot::layer_bwd(g_y2d, W2d, saved0, saved1, fwd_step, key, cfg_key, exact, seq, need_gx,
-                  need_gw, need_gb, in_features, x_dtype, w_dtype, recompute, src)
+                  need_gw, need_gb, in_features, x_dtype, w_dtype, recompute)
         -> (g_x2d, g_W2d, g_b)   (empty when not needed; saved0, saved1 = the ABC codes, or x2d
                                   with recompute: the codes are formed here with the forward's
                                   step fwd_step, whose seeds a drawn selection's backward
-                                  follows too, once for the siblings of the group source src
-                                  that read that x2d; cfg_key names the forward's config, which
+                                  follows too; cfg_key names the forward's config, which
                                   backward runs with)
 
 and, for Linear layers under HLAConfig(share="siblings") (hot.nn.groups), the forward split in
@@ -425,8 +424,8 @@ def _codes_source(layer, f: "CallFlags"):
     """The layer whose hot::x_codes forms this call's x codes, shared with the calls of its
     sibling layers (HLAConfig.share "siblings": hot.nn.groups), or None: the layer's own
     forward operator forms them (nothing to share: no codes formed). With recompute the source's
-    step is shared instead (and the quantized forward's codes), and the backward forms x's codes
-    once for the siblings too, eagerly and compiled (_shared_bwd_codes)."""
+    step is shared instead (and the quantized forward's codes), and an eager backward forms x's
+    codes once for the siblings too (_shared_bwd_codes)."""
     if layer._hot_run_config.hla.share != "siblings" or not f.need_gw or f.exact:
         return None
     return abc_source(layer)
@@ -636,11 +635,16 @@ def _backward_2d(ctx, gy2d, unfold=None):
         saved[0] = unfold(saved[0])
     elif recompute and ctx.need_gw and ctx.traced:
         saved[0] = _fusible_copy(saved[0])
+    if recompute and ctx.need_gw and ctx.src and not ctx.traced \
+            and config_of(ctx.cfg).method in ABC_BACKWARDS:
+        # x's codes as the source's backward forms them, once for the siblings reading x
+        saved[0], saved[1] = _shared_bwd_codes(ctx, saved[0], saved[2])
+        recompute = False
     w2d = t[ctx.n_saved] if ctx.need_gx else None
     need_gb = ctx.has_bias and ctx.needs_input_grad[2]
     args = (gy2d, w2d, saved[0], saved[1], saved[2], ctx.key, ctx.cfg, ctx.exact, ctx.seq,
             ctx.need_gx, ctx.need_gw, need_gb, ctx.in_features, ctx.x_dtype, ctx.w_dtype,
-            recompute, ctx.src)
+            recompute)
     gx, gw, gb = layer_bwd(*args) if ctx.traced else _layer_bwd(*args)
     if ctx.x_pass is not None:
         ctx.x_pass.done = True  # a later forward inside a backward is no re-run of this one
@@ -661,8 +665,7 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
                cfg_key: int, exact: bool, seq: int,
                need_gx: bool,
                need_gw: bool, need_gb: bool, in_features: int, x_dtype: str,
-               w_dtype: str, recompute: bool, src: int = 0
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               w_dtype: str, recompute: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     layer = _layer(key)
     _check_capturable(layer, gy2d.device)
     # The forward's config (``cfg_key``), not the layer's live one: a set_config between a
@@ -676,11 +679,7 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
         saved = saved0 if exact else ops.Quantized(saved0, saved1)
     with no_autocast(gy2d.device.type):
         # int4 and luq quantize x itself; HOT and LBP-WHT work on x's HLA codes
-        if recompute and need_gw and cfg.method in ABC_BACKWARDS and src and not exact:
-            # x's codes as the group source's backward forms them: once for the siblings that
-            # read this x at this forward (_shared_bwd_codes)
-            saved = ops.Quantized(*_shared_bwd_codes(saved0, fwd_step, src, cfg_key, seq))
-        elif recompute and need_gw and cfg.method in ABC_BACKWARDS:
+        if recompute and need_gw and cfg.method in ABC_BACKWARDS:
             saved = abc_codes(plan, saved0)
         elif recompute and need_gw:
             saved = saved0
@@ -725,39 +724,26 @@ def _bwd_codes(x2d: torch.Tensor, step: torch.Tensor, key: int, cfg_key: int, se
 _LAST_BWD_CODES = threading.local()  # eagerly: the last _bwd_codes call (_shared_bwd_codes)
 
 
-def _shared_bwd_codes(x2d: torch.Tensor, step: torch.Tensor, src: int, cfg_key: int, seq: int
+def _shared_bwd_codes(ctx, x2d: torch.Tensor, step: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """_bwd_codes of a sibling's kept x2d, at the time hot::layer_bwd runs (eagerly, or as the
-    body of the operator in a compiled backward): the previous call's codes when it read the
-    same data (_data_token: the same tensor object, alive, at the same address, shape and
-    version) for the same forward (the one step tensor the siblings' forwards shared:
-    _shared_x_codes), source, config and blocking. The entry keeps its codes until the next
-    call replaces it.
+    """Eagerly, _bwd_codes of a sibling's kept x2d: the previous call's codes when it read the
+    same data (_data_token) for the same forward (the one step tensor the siblings' forwards
+    shared: _shared_x_codes), source, config and blocking. The entry keeps its codes until the
+    next call replaces it.
 
-    Compiled, the siblings' layer_bwd calls read one x where the compiler merged their copies
-    of it (_fusible_copy of one kept x: common-subexpression elimination), so the codes are
-    formed once there too. They stay inside hot::layer_bwd, whose inputs include g_y: an
-    operator of its own whose inputs were all forward values would be placed in forward by AOT
-    autograd's partitioner (it never recomputes opaque operators), and its codes kept, which
-    recompute is there to avoid."""
-    args = (x2d, step, src, cfg_key, seq)
+    A traced backward does not share them: an operator whose inputs are all forward values is
+    placed in forward by AOT autograd's partitioner (it never recomputes opaque operators), and
+    its codes would be kept, which recompute is there to avoid; each sibling's hot::layer_bwd
+    forms them (the quantized forward's codes are still formed once, by hot::x_codes)."""
+    args = (x2d, step, ctx.src, ctx.cfg, ctx.seq)
     token = _data_token(x2d, *args[2:])
     return _last_or(_LAST_BWD_CODES, token[0], (token[1], weakref.ref(step)),
-                    lambda: _until_backward_ends(_LAST_BWD_CODES, _bwd_codes(*args)))
-
-
-def _until_backward_ends(store: threading.local, out):
-    """``out``, and inside a backward pass a callback that empties ``store`` when the pass ends:
-    the shared codes live no longer than the backward that formed them (in a CUDA graph's
-    memory pool nothing of HOT's may outlive its graph)."""
-    if torch._C._current_graph_task_id() != -1:
-        torch.autograd.Variable._execution_engine.queue_callback(
-            lambda: store.__dict__.pop("entry", None))
-    return out
+                    lambda: _bwd_codes(*args))
 
 
 def _layer_bwd_fake(gy2d, w2d, saved0, saved1, fwd_step, key, cfg_key, exact, seq, need_gx,
-                    need_gw, need_gb, in_features, x_dtype, w_dtype, recompute, src=0):
+                    need_gw,
+                    need_gb, in_features, x_dtype, w_dtype, recompute):
     n, o = gy2d.shape
     gx = gy2d.new_empty((n, in_features), dtype=_DTYPES[x_dtype]) if need_gx else _empty(gy2d)
     gw = gy2d.new_empty((o, in_features), dtype=_DTYPES[w_dtype]) if need_gw else _empty(gy2d)
@@ -768,7 +754,7 @@ def _layer_bwd_fake(gy2d, w2d, saved0, saved1, fwd_step, key, cfg_key, exact, se
 layer_bwd = _def("layer_bwd(Tensor gy2d, Tensor? w2d, Tensor? saved0, Tensor? saved1, "
                  "Tensor? fwd_step, int key, "
                  "int cfg_key, bool exact, int seq, bool need_gx, bool need_gw, bool need_gb, "
-                 "int in_features, str x_dtype, str w_dtype, bool recompute, int src=0) "
+                 "int in_features, str x_dtype, str w_dtype, bool recompute) "
                  "-> (Tensor, Tensor, Tensor)", _layer_bwd, _layer_bwd_fake)
 
 
