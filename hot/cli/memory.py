@@ -9,8 +9,8 @@ import pathlib
 import torch
 
 from ..analysis import memory as M
-from ..common.config import DRAWN_SELECTIONS
 from ..analysis.peak import record_peak
+from ..common.config import DRAWN_SELECTIONS
 from ..analysis.saved import OTHER, SavedTensorMeter
 from ..analysis.shapes import layer_shapes
 from . import argtypes as T
@@ -69,13 +69,12 @@ def run(args) -> int:
     for name in progress(methods, "memory: forward/backward per method"):
         method, mcfg = chosen[name], configs[name]
         model = method.prepare(copy.deepcopy(base), mcfg, None, args.backend)
-        meters = []
+        meter = SavedTensorMeter(model)
 
         def step():
-            with SavedTensorMeter(model) as meter, method.context(device):
+            with meter, method.context(device):
                 loss = loss_of(model, x, y)
             loss.backward()
-            meters.append(meter)
 
         at_peak = None
         if device.type == "cuda":
@@ -86,7 +85,6 @@ def run(args) -> int:
             at_peak = record_peak(step, device).as_gib()
         else:
             step()
-        meter = meters[0]
         peak = (torch.cuda.max_memory_allocated(device) - start) if device.type == "cuda" else None
         analytic, model_name = {}, method.cost.memory
         run = mcfg or cfg
