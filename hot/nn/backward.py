@@ -8,7 +8,8 @@ For a layer y = x W^T + b with tokens flattened to rows (x: L x I, g_y: L x O):
               g_W = int_gemm_nt(hla_quantize(g_y), q_x) with scales s_gy, s_x   (HLA)
               g_b = sum over tokens of g_y                                      (exact)
               (ops.layer_backward in one call, else ops.compose_layer_backward; a g_y
-              whose codes reach SPLIT_GY_CODES bytes: the g_x path, then the g_W path)
+              whose codes reach SPLIT_GY_CODES bytes: the g_x path, then the g_W path, each
+              over chunks of g_y: split_backward)
 
 A frozen weight skips ABC and the g_W path; an input that needs no gradient skips the g_x path
 and does not keep W. During the layer's first ``exact_steps`` backward calls, and from call
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 from ..common import ops
 from ..common.ops import HLAArgs, HQArgs, LayerGrads, Quantized, ScaleMode
-from ..common.quant import StepSeed
+from ..common.quant import StepSeed, derive_seed
 from ..common.transforms import hla_untransform
 from .state import LayerPlan, begin_backward
 
@@ -46,21 +47,82 @@ def seq_pad(t: torch.Tensor, seq: int) -> torch.Tensor:
 
 
 # g_y's HQ codes (one byte per element) from which a layer's backward forms its two paths one
-# after the other, freeing the first's codes before the second's: at least 512 MiB. The one pass
+# after the other, each over chunks of g_y (split_backward): at least 512 MiB. The one pass
 # (gy_quantize) holds both paths' codes at once, 1.5 bytes per element of g_y at HLA rank 8;
 # for a language model's output layer (tokens x vocabulary) that is the step's peak (1.9 GiB on
 # a 1B Llama at 32k tokens and a 32k vocabulary, all of it live beside every saved activation,
-# since that layer's backward runs first). Two passes read g_y twice: about 0.35 ms per GiB of
+# since that layer's backward runs first). The split reads g_y twice: about 0.35 ms per GiB of
 # bf16 g_y on an H100, paid by every layer at least this large: at 32k tokens a step, of
 # Llama-1b's and Llama-8B's layers only the output layer.
 SPLIT_GY_CODES = 1 << 29
+# The codes of one chunk of a split backward: at most this many bytes (g_x's HQ codes of a chunk
+# of tokens, g_W's HLA codes of a chunk of output channels), so the output layer's backward
+# holds a quarter of its one pass's HQ codes or less.
+CHUNK_CODES = 1 << 27
 
 
 def splits_gy_pass(gy2d: torch.Tensor) -> bool:
-    """Whether a layer's backward quantizes g_y for its two paths in two passes (g_x's, whose
-    codes are freed, then g_W's) rather than one: g_y's codes at least SPLIT_GY_CODES bytes.
-    Both give the same gradients (ops: gy_quantize is the two quantizers)."""
+    """Whether a layer's backward quantizes g_y for its two paths apart and in chunks
+    (split_backward) rather than in one pass: g_y's codes at least SPLIT_GY_CODES bytes."""
     return gy2d.numel() >= SPLIT_GY_CODES
+
+
+def chunks(n: int, width: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges covering 0..n with CHUNK_CODES // width entries each (a multiple
+    of 64, the quantizer tiles' side, and at least 64): the rows or columns of one chunk whose
+    codes take ``width`` bytes per row or column."""
+    step = max(64, CHUNK_CODES // max(width, 1) // 64 * 64)
+    return [(a, min(a + step, n)) for a in range(0, n, step)]
+
+
+def chunk_seed(seed: "int | StepSeed", c: int) -> "int | StepSeed":
+    """The stochastic-rounding seed of chunk ``c`` of a split backward: ``seed`` itself for
+    chunk 0, else derive_seed(seed, c) (of a StepSeed's base), so no two chunks round with the
+    same numbers."""
+    if c == 0:
+        return seed
+    if isinstance(seed, StepSeed):
+        return seed._replace(base=derive_seed(seed.base, c))
+    return derive_seed(seed, c)
+
+
+def split_backward(gy2d: torch.Tensor, gy_hla: torch.Tensor, w2d: Optional[torch.Tensor],
+                   saved: Optional[Quantized], hq: HQArgs, hq_w: HQArgs, hla: HLAArgs,
+                   need_gx: bool, need_gw: bool, x_dtype: torch.dtype, w_dtype: torch.dtype,
+                   backend: str) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """(g_x, g_W) of a layer whose g_y is too large for one pass (splits_gy_pass): the g_x path,
+    then the g_W path, each over chunks (``chunks``) whose codes are freed before the next:
+
+        g_x[a:b] = int_gemm_nt(hq_quantize(g_y[a:b], hq_c), hq_quantize(W^T, hq_w))
+                   over chunks [a, b) of the tokens (rows of g_y)
+        g_W[a:b] = int_gemm_nt(hla_quantize(g_y[:, a:b], hla_c), q_x)
+                   over chunks [a, b) of the output channels (columns of g_y)
+
+    where hq_c, hla_c are hq, hla with chunk_seed(seed, c). A chunk is quantized as a tensor of
+    its own: per-token HQ scales and per-channel HLA scales are those of the whole g_y (each
+    covers one row, resp. column, and a chunk holds whole ones); a per-tensor scale is the
+    chunk's absmax; the drawn HLA rows follow hla.draw, per block of 16 tokens, in every chunk
+    alike. Each chunk's codes are unbiased as the one pass's are; they differ from them by the
+    chunks' own random numbers (and per-tensor scales)."""
+    gx = gw = None
+    if need_gx:
+        qw = ops.hq_quantize(w2d.t(), hq_w, backend)
+        gx = gy2d.new_empty((gy2d.shape[0], w2d.shape[1]), dtype=x_dtype)
+        for c, (a, b) in enumerate(chunks(gy2d.shape[0], gy2d.shape[1])):
+            qg = ops.hq_quantize(gy2d[a:b], hq._replace(seed=chunk_seed(hq.seed, c)), backend)
+            gx[a:b] = ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, backend)
+            del qg  # freed before the next chunk's codes
+        del qw
+    if need_gw:
+        lr = saved.q.shape[1]  # HLA coefficients per column: tokens / 16 * rank
+        gw = gy2d.new_empty((gy_hla.shape[1], saved.q.shape[0]), dtype=w_dtype)
+        for c, (a, b) in enumerate(chunks(gy_hla.shape[1], lr)):
+            part = hla._replace(seed=chunk_seed(hla.seed, c),
+                                history=None if hla.history is None else hla.history[a:b])
+            qh = ops.hla_quantize(gy_hla[:, a:b], part, backend)
+            gw[a:b] = ops.int_gemm_nt(qh.q, saved.q, qh.scale, saved.scale, w_dtype, backend)
+            del qh
+    return gx, gw
 
 
 def no_autocast(device_type: str):
@@ -154,12 +216,14 @@ def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_d
         args = (gy2d, w2d.t(), saved, hq, hla, hq_w, x_dtype, w_dtype, need_gb, plan.backend)
         out = ops.layer_backward(*args)
         gx, gw, gb = out if out is not None else ops.compose_layer_backward(*args)
+    elif splits_gy_pass(gy2d):
+        gx, gw = split_backward(gy2d, gy_hla, w2d, saved, hq, hq_w, hla, need_gx, need_gw,
+                                x_dtype, w_dtype, plan.backend)
     else:
         if need_gx:
             qg = ops.hq_quantize(gy2d, hq, plan.backend)
             qw = ops.hq_quantize(w2d.t(), hq_w, plan.backend)
             gx = ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, plan.backend)
-            del qg, qw  # freed before the g_W path forms its codes (splits_gy_pass)
         if need_gw:
             qh = ops.hla_quantize(gy_hla, hla, plan.backend)
             gw = ops.int_gemm_nt(qh.q, saved.q, qh.scale, saved.scale, w_dtype, plan.backend)
