@@ -39,7 +39,7 @@ Mode = method + compilation:
           _compile_rc   torch.compile with torch._functorch.config
                         .ban_recompute_materialized_backward = False (the partitioner may recompute
                         tensors that backward materializes); HOT methods then also use
-                        HLAConfig(abc="recompute")
+                        HLAConfig(abc="recompute") unless --abc names another
 Defaults: vit-b bf16,bf16_compile,hot,hot_compile,hot-q_compile,hot-q_compile_cg,
 float8_tw_compile; the decoders bf16,bf16_compile,hot,hot_compile,hot_compile_cg,hot-q_compile,
 hot-q_compile_cg,float8_tw_compile,float8_rw_compile.
@@ -243,8 +243,8 @@ def _prepare(m: nn.Module, mode: Mode, w: Workload, tw: HotTweaks) -> dict:
         recipe = mode.recipe
         cfg = (hot.HOTConfig.exact() if mode.method == "hot_exact"
                else recipe.config.replace(seed=0))
-        if mode.recompute or tw.abc:
-            cfg = cfg.replace(hla={"abc": "recompute" if mode.recompute else tw.abc})
+        if mode.recompute or tw.abc:  # --abc wins over the _compile_rc default
+            cfg = cfg.replace(hla={"abc": tw.abc or "recompute"})
         if tw.min_in_features:
             cfg = cfg.replace(min_in_features=tw.min_in_features)
         if tw.hla_amax != "current" and mode.method != "hot_exact":
