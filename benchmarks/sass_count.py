@@ -82,11 +82,17 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     hq = (4, ScaleMode.ROW, True)
     hla = (8, "lowpass", 8, ScaleMode.ROW, True)
+    # What HOTConfig.quantized() runs on Hopper: 8-bit HQ, drawn HLA rows; g_y's codes
+    # stochastic, the forward's x (and W) codes rounded to nearest.
+    hq8_sr, hq8_rn = (8, ScaleMode.ROW, True), (8, ScaleMode.ROW, False)
+    hla_drawn = (8, "stratified", 8, ScaleMode.ROW, True)
     per_thread = tile.rows * tile.cols / (32 * tile.warps)
     print(f"triton {triton.__version__}, sm_90, tile {a.tile}, {a.dtype} input, "
           f"{per_thread:.0f} elements per thread")
     with override(tile=tile, autotune=False):
-        for name, h, l in (("HQ", hq, None), ("HLA", None, hla), ("HQ + HLA", hq, hla)):
+        for name, h, l in (("HQ", hq, None), ("HLA", None, hla), ("HQ + HLA", hq, hla),
+                           ("g_y 8/drawn", hq8_sr, hla_drawn), ("x 8 nearest", hq8_rn, None),
+                           ("x + ABC", hq8_rn, hla_drawn)):
             p = passes._plan(4096, 4096, (4096, 1), dtype, torch.device("cuda"), h, l, False,
                              True)
             for kname, fn, meta in (("stats", passes._launchers()[0].fn, p.stats_meta),
@@ -95,7 +101,7 @@ def main(argv=None) -> int:
                 c = counts(k)
                 conv = k.asm["ttgir"].count("ttg.convert_layout")
                 top = ", ".join(f"{o} {n}" for o, n in c.most_common(8))
-                print(f"{name:9s} {kname:8s}: {sum(c.values()) / per_thread:6.1f} per element "
+                print(f"{name:12s} {kname:8s}: {sum(c.values()) / per_thread:6.1f} per element "
                       f"({sum(c.values())} in all); layout conversions {conv}, MUFU "
                       f"{c['MUFU']}, shared memory {c['LDS'] + c['STS']}, barriers {c['BAR']}; "
                       f"{top}", flush=True)

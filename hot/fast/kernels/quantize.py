@@ -75,10 +75,12 @@ from triton.language.extra import libdevice
 from ...common import quant
 from ...common.options import options
 
-# Stochastic codes on the GPU: floor(v + u) by cvt.rmi.s32.f32 (libdevice float2int_rd), which
-# floors and converts in one instruction, maps NaN to 0 and saturates, then an integer clamp:
-# the same codes as floor, float clamp, NaN select and convert, in 4 fewer instructions per code
-# (docs/kernels.md). The interpreter has no libdevice and runs the float form.
+# Codes on the GPU: floor(v + u) by cvt.rmi.s32.f32 (libdevice float2int_rd), or v rounded half
+# to even by cvt.rni.s32.f32 (float2int_rn), each of which rounds and converts in one instruction,
+# maps NaN to 0 and saturates, then an integer clamp: the same codes as the float form's floor
+# (and, for nearest, its fraction and parity tests), float clamp, NaN select and convert, in 4
+# (stochastic) or about 10 (nearest) fewer instructions per code (docs/kernels.md). The
+# interpreter has no libdevice and runs the float form.
 _FLOOR_CVT = tl.constexpr(not options().interpret)
 # quant.delayed_scale's window: candidate c = MARGIN h, kept for c / RANGE <= a <= c (powers of
 # two, so the products are exact and the kernels decide as the reference does).
@@ -166,8 +168,11 @@ def _round(v, u, QMAX: tl.constexpr, STOCH: tl.constexpr):
     """clamp(floor(v + u), +-QMAX) (v + u one float32 addition) with u from the hash stream, or
     clamp(round_half_even(v)) (u unused); NaN -> 0 (the scale carries the NaN), exactly as
     quant.round_to_levels."""
-    if STOCH and _FLOOR_CVT:
-        qi = libdevice.float2int_rd(v + u)
+    if _FLOOR_CVT:
+        if STOCH:
+            qi = libdevice.float2int_rd(v + u)
+        else:
+            qi = libdevice.float2int_rn(v)  # cvt.rni: half to even, NaN -> 0, saturating
         lim = tl.full((1,), QMAX, tl.float32).to(tl.int32)
         qi = tl.minimum(tl.maximum(qi, -lim), lim)
     else:
