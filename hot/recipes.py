@@ -187,6 +187,7 @@ def gemms(config: Optional[HOTConfig], autocast: Optional[torch.dtype] = None) -
                  **(low if transform else {}))
     codes = f"T x as {'int%d codes' % hla.bits if hla.bits else dt} ({hla.rank} of 16 Walsh rows)"
     saves = {"save": codes, "recompute": f"x ({dt}); its codes are formed in backward",
+             "offload": f"{codes}, in host memory until backward",
              "auto": f"{codes}, or x where x's producer keeps it anyway (abc='auto')"}[hla.abc]
     if m in ("int4", "luq"):
         saves = f"x ({dt}); quantized in backward"

@@ -62,6 +62,10 @@ class SavedTensorMeter:
         self._stack: list[str] = []
         self._handles: list = []
         self._params = {_storage_key(p)[0] for p in model.parameters()}
+        # the device type of the model's parameters: saves elsewhere (HLAConfig(abc="offload")'s
+        # codes in host memory) are reported apart by by_dtype
+        first = next(iter(model.parameters()), None)
+        self._home = first.device.type if first is not None else None
         self._hooks_ctx = None
         # storage key -> [nbytes, shape, dtype, innermost module]: what ``listing`` reports
         self.records: "OrderedDict[tuple, list]" = OrderedDict()
@@ -133,10 +137,14 @@ class SavedTensorMeter:
         return sum(self.by_layer.values())
 
     def by_dtype(self) -> dict:
-        """{dtype name: bytes} over the counted storages."""
+        """{dtype name: bytes} over the counted storages; those on another device than the
+        model's parameters as "<dtype> (host)" (or the device's type)."""
         out: dict = defaultdict(int)
-        for nbytes, _, dtype, _ in self.records.values():
-            out[str(dtype).replace("torch.", "")] += nbytes
+        for key, (nbytes, _, dtype, _) in self.records.items():
+            name = str(dtype).replace("torch.", "")
+            if self._home is not None and key[0] != self._home:
+                name += " (host)" if key[0] == "cpu" else f" ({key[0]})"
+            out[name] += nbytes
         return dict(out)
 
     @property

@@ -479,8 +479,9 @@ def _memory(step, model: nn.Module, opt, peak_gib: Optional[float]) -> dict:
     by = meter.by_dtype()
     out = {"saved_GiB": gib(meter.total), "saved_by_dtype_GiB": {k: gib(v) for k, v in by.items()},
            "saved_by_dtype_bytes": by, "params_GiB": gib(params), "optimizer_state_GiB": gib(state)}
-    if peak_gib is not None:
-        out["rest_of_peak_GiB"] = round(peak_gib - (meter.total + params + state) / 2**30, 3)
+    if peak_gib is not None:  # saves in host memory (abc="offload") take none of the peak
+        device = sum(v for k, v in by.items() if not k.endswith(" (host)"))
+        out["rest_of_peak_GiB"] = round(peak_gib - (device + params + state) / 2**30, 3)
     return out
 
 
@@ -586,7 +587,7 @@ def main(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> int:
                         "exactly (default 0: every layer runs HOT)")
     p.add_argument("--hla-amax", choices=("current", "delayed"), default="current",
                    help="HLAConfig(amax=...) in the HOT modes (delayed: one read of g_y and x)")
-    p.add_argument("--abc", choices=("save", "recompute", "auto"), default=None,
+    p.add_argument("--abc", choices=("save", "recompute", "auto", "offload"), default=None,
                    help="HLAConfig(abc=...) in the HOT modes (default: the recipe's, auto)")
     p.add_argument("--hla-share", choices=("none", "siblings"), default="none",
                    help="HLAConfig(share=...) in the HOT modes (siblings: layers reading one "

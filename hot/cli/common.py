@@ -170,9 +170,10 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
     add("--hla-blocking", choices=("flat", "sequence"),
         help="token blocks over the flattened axis or inside each sequence")
     add("--hla-bits", type=T.bits, metavar="{4,8,none}", help="g_W path operand width")
-    add("--abc", choices=("save", "recompute", "auto"),
+    add("--abc", choices=("save", "recompute", "auto", "offload"),
         help="what the forward keeps for g_W: the int8 codes (save, paper) or x, with the codes "
-             "formed in backward (recompute), or recompute where x is kept anyway")
+             "formed in backward (recompute), or recompute where x is kept anyway; offload: "
+             "the codes in host memory until backward (CUDA, not under CUDA graphs)")
     add("--hla-amax", choices=("current", "delayed"),
         help="g_W path channel scales: this pass's absmax (current, paper) or the previous "
              "pass's, checked against this one's (delayed: one read of g_y and x on the GPU)")

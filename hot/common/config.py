@@ -140,7 +140,11 @@ class HLAConfig:
         keeps nothing of its own (docs/performance.md, "Memory"); under compile the rebuilt x
         may differ from the forward's by the rounding of the compiler's recomputation.
         "recompute" keeps more where x is not kept anyway, except for convs whose patches'
-        codes outgrow x (a 3x3 stride-1 conv's take 4.5 bytes per element of x).
+        codes outgrow x (a 3x3 stride-1 conv's take 4.5 bytes per element of x). "offload": as
+        "save", but the codes wait for backward in pinned host memory (hot.nn.offload: copied
+        out on a side stream in forward, back ahead of the backward that needs them), so the
+        GPU keeps none of them and backward forms nothing again; on a CUDA device, not under
+        CUDA graphs (on a CPU it is "save").
     amax: where the per-channel scales of T g_y and T x come from. "current" (the paper): each
         channel's absmax of this pass's coefficients, a reduction over every token before the
         first code, so a pass reads its input twice. "delayed": the channel's absmax h of the
@@ -186,7 +190,7 @@ class HLAConfig:
         _check_bits("HLAConfig.bits", self.bits)
         _check_choice("HLAConfig.scale", self.scale, ("channel", "tensor"))
         _check_choice("HLAConfig.rounding", self.rounding, ("stochastic", "nearest"))
-        _check_choice("HLAConfig.abc", self.abc, ("save", "recompute", "auto"))
+        _check_choice("HLAConfig.abc", self.abc, ("save", "recompute", "auto", "offload"))
         _check_choice("HLAConfig.amax", self.amax, ("current", "delayed"))
         if self.amax == "delayed" and self.selection in (*DRAWN_SELECTIONS, "auto"):
             raise HOTConfigError(

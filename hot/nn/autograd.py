@@ -6,13 +6,14 @@ operators declared with torch.library, opaque to the compiler, whose Python bodi
 state at run time:
 
     hot::linear_fwd(x2d, W, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute,
-                    draw, qfwd)
+                    draw, qfwd, offload)
         -> (y2d = x2d W^T + b, q_x, s_x, step)   (qfwd: y2d from INT8 operands, hot.nn.forward)
                                              q_x, s_x = the ABC codes (empty when not kept);
                                              step = a copy of the layer's step counter as of
                                              this call with recompute (x2d is kept instead of
                                              the codes) or a drawn HLA selection (draw), else
-                                             empty
+                                             empty; offload: q_x in pinned host memory
+                                             (hot.nn.offload), brought back by layer_bwd
     hot::conv_fwd(x, W, b, key, stride, padding, dilation, <same flags>)
         -> (y = conv2d(x, W, b), q_x, s_x)   ABC of the unfolded patches (or the patches
                                              themselves while exact; with recompute, x is kept,
@@ -28,7 +29,7 @@ state at run time:
 and, for Linear layers under HLAConfig(share="siblings") (hot.nn.groups), the forward split in
 two so that sibling layers reading one x share the pass over it:
 
-    hot::x_codes(x2d, source key, seq, rank, bits, row, draw, qfwd, recompute)
+    hot::x_codes(x2d, source key, seq, rank, bits, row, draw, qfwd, recompute, offload)
         -> (codes of x for the quantized forward GEMM, q_x, s_x, step)   (the source's seeds)
     hot::coded_fwd(x2d, W, b, those codes, key, <linear_fwd's flags>) -> y2d
 
@@ -84,6 +85,7 @@ from .backward import (abc_codes, hla_args, hot_backward, kept_by_producer, no_a
                        pads_sequences, patches, seq_pad)
 from .forward import coded_gemm, forward_args, quantized_gemm, row_codes
 from .groups import abc_source
+from .offload import get as offload_get, put as offload_put
 from .state import (ABC_X, DRAW, LayerPlan, config_of, draws_rows, hla_history, is_narrow,
                     layer_seed, make_plan)
 
@@ -155,6 +157,9 @@ def _check_capturable(layer, device: torch.device) -> None:
                f"exact_from = {cfg.exact_from}")
     elif cfg.hq.bits and cfg.hq.gy_scale == "auto" and layer.hot_lqs_value() < 0:
         why = "LQS has not decided yet (calibration runs on the host)"
+    elif cfg.hla.abc == "offload":
+        why = ("HLAConfig(abc='offload') decides on the host which codes to copy when (use "
+               "abc='save' or 'recompute' under CUDA graphs)")
     if why is not None:
         raise RuntimeError(
             f"HOT layer {layer.hot_name!r} cannot be captured in a CUDA graph: {why}. Run the "
@@ -167,7 +172,7 @@ def _empty(t: torch.Tensor) -> torch.Tensor:
 
 
 def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: int,
-               row: bool, recompute: bool, draw: bool, qfwd: bool) -> LayerPlan:
+               row: bool, recompute: bool, draw: bool, qfwd: bool, offload: bool) -> LayerPlan:
     """make_plan for this call, after checking the constants the caller passed (traced ones may
     be stale) against the layer's live state."""
     cfg = layer._hot_run_config
@@ -177,12 +182,12 @@ def _live_plan(layer, x: torch.Tensor, seq: int, exact: bool, rank: int, bits: i
     # live.
     live = (plan.exact, h.rank, h.bits or 0, h.scale == "channel",
             recompute if h.abc == "auto" else h.abc == "recompute", draws_rows(cfg),
-            quantizes_forward(cfg, plan.exact))
-    if live != (exact, rank, bits, row, recompute, draw, qfwd):
+            quantizes_forward(cfg, plan.exact), offloads(cfg, plan.exact, x))
+    if live != (exact, rank, bits, row, recompute, draw, qfwd, offload):
         raise RuntimeError(
             f"HOT layer {layer.hot_name!r}: the compiled graph was traced for (exact, rank, bits, "
-            f"per-channel scale, ABC recompute, drawn rows, quantized forward) = "
-            f"{(exact, rank, bits, row, recompute, draw, qfwd)} but the "
+            f"per-channel scale, ABC recompute, drawn rows, quantized forward, ABC offload) = "
+            f"{(exact, rank, bits, row, recompute, draw, qfwd, offload)} but the "
             f"layer now has {live}; this is a missing recompile: call torch._dynamo.reset() "
             f"and compile again.")
     return plan
@@ -246,6 +251,12 @@ def quantizes_forward(cfg, exact: bool) -> bool:
     return cfg.forward != "exact" and not exact
 
 
+def offloads(cfg, exact: bool, x: torch.Tensor) -> bool:
+    """Whether a call keeps its ABC codes in host memory (HLAConfig(abc="offload"), outside the
+    exact phases, on a CUDA device: on a CPU they are there already)."""
+    return cfg.hla.abc == "offload" and not exact and x.device.type == "cuda"
+
+
 def _forward_gemm(plan: LayerPlan, rows: torch.Tensor, w2d: torch.Tensor,
                   b: Optional[torch.Tensor], codes: bool
                   ) -> tuple[torch.Tensor, Optional[ops.Quantized]]:
@@ -266,9 +277,9 @@ def _fused_abc(plan: LayerPlan, codes: bool) -> Optional[ops.HLAArgs]:
 
 def _linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
                 need_gx: bool, need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
-                row: bool, recompute: bool, draw: bool, qfwd: bool
+                row: bool, recompute: bool, draw: bool, qfwd: bool, offload: bool
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    layer, plan = _start(key, x2d, seq, exact, rank, bits, row, recompute, draw, qfwd)
+    layer, plan = _start(key, x2d, seq, exact, rank, bits, row, recompute, draw, qfwd, offload)
     with no_autocast(x2d.device.type):
         keep = need_gw and not exact
         codes = None
@@ -277,15 +288,16 @@ def _linear_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], k
         else:
             y = F.linear(x2d, w.to(x2d.dtype), b)
         if keep:
-            return (y, *_abc_outputs(layer, plan, x2d, recompute, draw, codes))
+            return (y, *_abc_outputs(layer, plan, x2d, recompute, draw, codes, offload))
     # While exact, x2d itself is kept (LinearFn.forward saves the input: no copy).
     return y, _empty(y), _empty(y), _empty(y)
 
 
 def _abc_outputs(layer, plan: LayerPlan, rows: torch.Tensor, recompute: bool, draw: bool,
-                 codes: Optional[ops.Quantized] = None):
+                 codes: Optional[ops.Quantized] = None, offload: bool = False):
     """(q_x, s_x, step) of a forward that keeps what HOT's g_W path needs of ``rows``;
-    ``codes``: ABC's codes already formed (by the quantized forward's pass over rows)."""
+    ``codes``: ABC's codes already formed (by the quantized forward's pass over rows);
+    ``offload``: q_x in pinned host memory (hot.nn.offload), s_x on the GPU."""
     if recompute:  # the Function keeps x: backward forms the codes
         return _empty(rows), _empty(rows), _step_snapshot(abc_source(layer))
     if codes is not None:
@@ -296,76 +308,80 @@ def _abc_outputs(layer, plan: LayerPlan, rows: torch.Tensor, recompute: bool, dr
         q, s = replay.delayed_x_codes(layer, plan, rows)
     else:
         q, s = abc_codes(plan, rows)
-    return (q.contiguous(), s.contiguous(),
+    q = q.contiguous()
+    return (offload_put(q) if offload else q, s.contiguous(),
             _step_snapshot(abc_source(layer)) if draw else _empty(rows))
 
 
-def _abc_outputs_fake(w, rows, seq, rank, bits, row, recompute, draw):
+def _abc_outputs_fake(w, rows, seq, rank, bits, row, recompute, draw, offload=False):
     if recompute:
         return _empty(rows), _empty(rows), _step_fake(w)
     q, s = _abc_fake(rows, seq, rank, bits, row)
+    if offload:
+        q = torch.empty(q.shape, dtype=q.dtype, device="cpu")
     return q, s, _step_fake(w) if draw else _empty(rows)
 
 
 def _linear_fwd_fake(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute,
-                     draw, qfwd):
+                     draw, qfwd, offload):
     y = F.linear(x2d, w.to(x2d.dtype), b)
     if need_gw and not exact:
-        return (y, *_abc_outputs_fake(w, x2d, seq, rank, bits, row, recompute, draw))
+        return (y, *_abc_outputs_fake(w, x2d, seq, rank, bits, row, recompute, draw, offload))
     return y, _empty(y), _empty(y), _empty(y)
 
 
 linear_fwd = _def("linear_fwd(Tensor x2d, Tensor w, Tensor? b, int key, bool need_gx, "
                   "bool need_gw, bool exact, int seq, int rank, int bits, bool row, "
-                  "bool recompute, bool draw, bool qfwd) -> (Tensor, Tensor, Tensor, Tensor)",
-                  _linear_fwd, _linear_fwd_fake)
+                  "bool recompute, bool draw, bool qfwd, bool offload) "
+                  "-> (Tensor, Tensor, Tensor, Tensor)", _linear_fwd, _linear_fwd_fake)
 
 
 # ---------------------------------------------------------------- shared x codes (HLAConfig.share)
 
 
 def _x_codes(x2d: torch.Tensor, key: int, seq: int, rank: int, bits: int, row: bool, draw: bool,
-             qfwd: bool, recompute: bool) -> tuple[torch.Tensor, ...]:
+             qfwd: bool, recompute: bool, offload: bool) -> tuple[torch.Tensor, ...]:
     """hot::x_codes: the pass over x of the layer named by ``key`` (a group source,
     hot.nn.groups), apart from any GEMM: (its codes for the quantized forward GEMM, or empty;
     ABC's codes q, s, empty with recompute; the source's step with recompute or drawn rows, else
     empty), what that layer's own forward operator forms of x (hot::linear_fwd). Its arguments
     name x and the source alone, so the calls of layers that read one x are one expression,
     which AOT autograd's common-subexpression elimination runs once."""
-    layer, plan = _start(key, x2d, seq, False, rank, bits, row, recompute, draw, qfwd)
+    layer, plan = _start(key, x2d, seq, False, rank, bits, row, recompute, draw, qfwd, offload)
     with no_autocast(x2d.device.type):
         qx = codes = None
         if qfwd:  # as _linear_fwd: one pass forms both where it can
             qx, codes = row_codes(plan.config.forward, x2d, plan.backend,
                                   _fused_abc(plan, not recompute))
-        q, s, step = _abc_outputs(layer, plan, x2d, recompute, draw, codes)
+        q, s, step = _abc_outputs(layer, plan, x2d, recompute, draw, codes, offload)
     if qx is None:  # a custom operator's outputs may not alias each other: one empty each
         qx = ops.Quantized(_empty(x2d), _empty(x2d))
     return qx.q, qx.scale, q, s, step
 
 
-def _x_codes_fake(x2d, key, seq, rank, bits, row, draw, qfwd, recompute):
+def _x_codes_fake(x2d, key, seq, rank, bits, row, draw, qfwd, recompute, offload):
     # the shapes of the one quantized forward's codes (hot.nn.forward.FORWARD_BITS)
     qx = (ops.hq_fake(x2d, forward_args("int8")) if qfwd
           else ops.Quantized(_empty(x2d), _empty(x2d)))
     if recompute:
         return qx.q, qx.scale, _empty(x2d), _empty(x2d), _step_fake(x2d)
-    q, s = _abc_fake(x2d, seq, rank, bits, row)
-    return qx.q, qx.scale, q, s, _step_fake(x2d) if draw else _empty(x2d)
+    q, s, step = _abc_outputs_fake(x2d, x2d, seq, rank, bits, row, False, draw, offload)
+    return qx.q, qx.scale, q, s, step
 
 
 x_codes = _def("x_codes(Tensor x2d, int key, int seq, int rank, int bits, bool row, bool draw, "
-               "bool qfwd, bool recompute) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+               "bool qfwd, bool recompute, bool offload) "
+               "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
                _x_codes, _x_codes_fake)
 
 
 def _coded_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], qx: torch.Tensor,
                sx: torch.Tensor, key: int, need_gx: bool, need_gw: bool, exact: bool, seq: int,
-               rank: int, bits: int, row: bool, recompute: bool, draw: bool, qfwd: bool
-               ) -> torch.Tensor:
+               rank: int, bits: int, row: bool, recompute: bool, draw: bool, qfwd: bool,
+               offload: bool) -> torch.Tensor:
     """hot::coded_fwd: y = x2d W^T + b of the layer named by ``key``, from x's codes (qx, sx:
     hot::x_codes) with a quantized forward, else exactly."""
-    _, plan = _start(key, x2d, seq, exact, rank, bits, row, recompute, draw, qfwd)
+    _, plan = _start(key, x2d, seq, exact, rank, bits, row, recompute, draw, qfwd, offload)
     with no_autocast(x2d.device.type):
         if qfwd:
             return coded_gemm(plan.config.forward, ops.Quantized(qx, sx), w, b, plan.backend,
@@ -374,13 +390,14 @@ def _coded_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], qx
 
 
 def _coded_fwd_fake(x2d, w, b, qx, sx, key, need_gx, need_gw, exact, seq, rank, bits, row,
-                    recompute, draw, qfwd):
+                    recompute, draw, qfwd, offload):
     return F.linear(x2d, w.to(x2d.dtype), b)
 
 
 coded_fwd = _def("coded_fwd(Tensor x2d, Tensor w, Tensor? b, Tensor qx, Tensor sx, int key, "
                  "bool need_gx, bool need_gw, bool exact, int seq, int rank, int bits, bool row, "
-                 "bool recompute, bool draw, bool qfwd) -> Tensor", _coded_fwd, _coded_fwd_fake)
+                 "bool recompute, bool draw, bool qfwd, bool offload) -> Tensor", _coded_fwd,
+                 _coded_fwd_fake)
 
 
 _LAST_CODES = threading.local()  # eagerly: the last hot::x_codes call (_shared_x_codes)
@@ -401,7 +418,7 @@ def _shared_x_codes(x2d: torch.Tensor, src: int, f: "CallFlags",
     tensor x2d was made from, before autocast's cast, with the source's step and config) the
     previous call's outputs when it had the same source, token and shape: the same codes, as
     the seeds follow that step; traced, the compiler merges equal calls itself."""
-    args = (x2d, src, f.seq, f.rank, f.bits, f.row, f.draw, f.qfwd, f.recompute)
+    args = (x2d, src, f.seq, f.rank, f.bits, f.row, f.draw, f.qfwd, f.recompute, f.offload)
     if token is None:
         return _call(x_codes, _x_codes, *args)
     key = (token[0], args[1:], tuple(x2d.shape), x2d.dtype)
@@ -448,6 +465,7 @@ class CallFlags(NamedTuple):
     recompute: bool  # the ABC codes are formed in backward from a kept x
     draw: bool  # HLA's rows are drawn (the forward keeps its step)
     qfwd: bool  # the forward GEMM runs on quantized operands (HOTConfig.forward)
+    offload: bool  # the ABC codes are kept in host memory (HLAConfig.abc "offload")
 
 
 def _bias_inside(b: Optional[torch.Tensor], f: CallFlags) -> Optional[torch.Tensor]:
@@ -497,9 +515,9 @@ class LinearFn(torch.autograd.Function):
 def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: int,
               stride: list[int], padding: list[int], dilation: list[int], need_gx: bool,
               need_gw: bool, exact: bool, seq: int, rank: int, bits: int,
-              row: bool, recompute: bool, draw: bool, qfwd: bool
+              row: bool, recompute: bool, draw: bool, qfwd: bool, offload: bool
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    layer, plan = _start(key, x, seq, exact, rank, bits, row, recompute, draw, qfwd)
+    layer, plan = _start(key, x, seq, exact, rank, bits, row, recompute, draw, qfwd, offload)
     with no_autocast(x.device.type):
         rows = codes = None
         if qfwd:  # the GEMM over the patches; its output (rows, O) as (B, O, Ho, Wo)
@@ -518,7 +536,7 @@ def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: 
             rows = patches(x, w.shape[-2:], stride, padding, dilation)
         if exact:  # the patches themselves (a transient of kh*kw times x)
             return y, _own_copy(rows.contiguous(), x), _empty(y), _empty(y)
-        return (y, *_abc_outputs(layer, plan, rows, False, draw, codes))
+        return (y, *_abc_outputs(layer, plan, rows, False, draw, codes, offload))
 
 
 def _own_copy(t: torch.Tensor, of: torch.Tensor) -> torch.Tensor:
@@ -536,7 +554,7 @@ def conv_out_hw(x_shape, w_shape, stride, padding, dilation) -> tuple[int, int]:
 
 
 def _conv_fwd_fake(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank,
-                   bits, row, recompute, draw, qfwd):
+                   bits, row, recompute, draw, qfwd, offload):
     y = F.conv2d(x, w.to(x.dtype), b, stride, padding, dilation)
     if not need_gw:
         return y, _empty(y), _empty(y), _empty(y)
@@ -545,12 +563,12 @@ def _conv_fwd_fake(x, w, b, key, stride, padding, dilation, need_gx, need_gw, ex
     rows = x.new_empty((y.shape[0] * y.shape[2] * y.shape[3], w[0].numel()))
     if exact:
         return y, rows, _empty(y), _empty(y)
-    return (y, *_abc_outputs_fake(w, rows, seq, rank, bits, row, False, draw))
+    return (y, *_abc_outputs_fake(w, rows, seq, rank, bits, row, False, draw, offload))
 
 
 conv_fwd = _def("conv_fwd(Tensor x, Tensor w, Tensor? b, int key, int[] stride, int[] padding, "
                 "int[] dilation, bool need_gx, bool need_gw, bool exact, int seq, int rank, "
-                "int bits, bool row, bool recompute, bool draw, bool qfwd) "
+                "int bits, bool row, bool recompute, bool draw, bool qfwd, bool offload) "
                 "-> (Tensor, Tensor, Tensor, Tensor)", _conv_fwd, _conv_fwd_fake)
 
 
@@ -675,6 +693,8 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
     cfg = config_of(cfg_key)
     plan = _backward_plan(layer, cfg, gy2d.device, exact, seq, need_gw, recompute, fwd_step)
     saved = None
+    if need_gw and not exact and saved0.device != gy2d.device:  # HLAConfig(abc="offload")
+        saved0 = offload_get(saved0, gy2d.device)
     if need_gw:
         saved = saved0 if exact else ops.Quantized(saved0, saved1)
     with no_autocast(gy2d.device.type):
@@ -805,7 +825,7 @@ def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int,
     exact = layer._hot_exact_phase or x.numel() == 0 or is_narrow(layer, cfg)
     return CallFlags(layer._hot_config_key, x.requires_grad, w.requires_grad, exact, seq, h.rank,
                      h.bits or 0, h.scale == "channel", _recompute(layer, x, w, seq, copy_rows),
-                     draws_rows(cfg), quantizes_forward(cfg, exact))
+                     draws_rows(cfg), quantizes_forward(cfg, exact), offloads(cfg, exact, x))
 
 
 def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],

@@ -263,15 +263,19 @@ def test_stale_graph_constants_raise_naming_the_layer():
     with pytest.raises(RuntimeError, match="enc.fc"):
         # exact=True while the layer is past exact_steps (0): a stale graph.
         torch.ops.hot.linear_fwd(x, layer.weight, layer.bias, layer._hot_key, False, True,
-                                 True, 0, 8, 8, True, False, True, False)
+                                 True, 0, 8, 8, True, False, True, False, False)
     with pytest.raises(RuntimeError, match="ABC recompute"):
         # traced for recomputing the ABC codes while the layer saves them
         torch.ops.hot.linear_fwd(x, layer.weight, layer.bias, layer._hot_key, False, True,
-                                 False, 0, 8, 8, True, True, True, False)
+                                 False, 0, 8, 8, True, True, True, False, False)
     with pytest.raises(RuntimeError, match="quantized forward"):
         # traced for a quantized forward while the layer's config has an exact one
         torch.ops.hot.linear_fwd(x, layer.weight, layer.bias, layer._hot_key, False, True,
-                                 False, 0, 8, 8, True, False, True, True)
+                                 False, 0, 8, 8, True, False, True, True, False)
+    with pytest.raises(RuntimeError, match="ABC offload"):
+        # traced for keeping the codes in host memory while the layer keeps them on its device
+        torch.ops.hot.linear_fwd(x, layer.weight, layer.bias, layer._hot_key, False, True,
+                                 False, 0, 8, 8, True, False, True, False, True)
 
 
 def test_ops_are_allowed_in_cuda_graphs():
