@@ -30,10 +30,9 @@ replay would not redo (hot.nn.autograd raises at capture). On a CPU there is not
 
 from __future__ import annotations
 
-import collections
 import threading
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -59,7 +58,7 @@ class _Entry:
 
 _LOCK = threading.Lock()
 _ENTRIES: "OrderedDict[int, _Entry]" = OrderedDict()  # host address -> entry, forward order
-_BACKLOG: "collections.deque[tuple[torch.cuda.Event, int]]" = collections.deque()
+_BACKLOG: "deque[tuple[torch.cuda.Event, int]]" = deque()  # copies out, oldest first
 _STREAMS: dict = {}
 
 
