@@ -4,7 +4,8 @@ place differs, so the gradients equal "save"'s bit for bit, eagerly and under to
 with and without sibling layers sharing their input's codes; a wrong entry handed back (another
 layer's codes) or a copy read before it landed would move g_W by whole quantization steps.
 On a CPU there is nothing to move: "offload" is "save". Under CUDA graphs it raises, naming the
-fix."""
+fix. The host-side bookkeeping (which copies back start, nearest first, within the window; how
+far the host may run ahead of the copies out) is tested on any machine with stand-in events."""
 
 from __future__ import annotations
 
@@ -129,3 +130,71 @@ def test_offload_refuses_cuda_graph_capture():
         with pytest.raises(RuntimeError, match="abc='save' or 'recompute'"):
             with torch.cuda.graph(g, stream=s):
                 m(x)
+
+
+class _Event:
+    """A stand-in for torch.cuda.Event: done or not, and whether the host waited on it."""
+
+    def __init__(self, done=False):
+        self.done, self.waited = done, False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.waited = self.done = True
+
+
+def _entries(monkeypatch, sizes):
+    """Fresh registry entries of ``sizes`` bytes in forward order, with their host tensors (kept
+    alive by the returned list); _start records the keys it is asked to copy back."""
+    monkeypatch.setattr(offload, "_ENTRIES", offload.OrderedDict())
+    started = []
+
+    def start(e, host, device):
+        started.append(host.data_ptr())
+        e.gpu = host
+
+    monkeypatch.setattr(offload, "_start", start)
+    hosts = [torch.empty(n, dtype=torch.int8) for n in sizes]
+    for h in hosts:
+        offload._ENTRIES[h.data_ptr()] = offload._Entry(h.numel(), offload.weakref.ref(h),
+                                                        _Event(True))
+    return hosts, started
+
+
+def test_prefetch_takes_the_next_backwards_nearest_first_within_the_window(monkeypatch):
+    mib = 1 << 20
+    monkeypatch.setattr(offload, "PREFETCH_BYTES", 160 * mib)
+    # one layer's entries in forward order: q/k/v, o, gate/up, down; then the next layer's
+    hosts, started = _entries(monkeypatch, [32 * mib, 32 * mib, 32 * mib, 128 * mib] * 2)
+    key = lambda i: hosts[i].data_ptr()  # noqa: E731
+    dev = torch.device("cpu")
+    with offload._LOCK:
+        offload._prefetch(key(7), dev)  # the second layer's down: its gate/up, o, q/k/v next
+    assert started == [key(6), key(5), key(4)]  # 96 MiB; the first layer's down would pass 160
+    for i in (6, 5):
+        offload._ENTRIES[key(i)].asked = True  # their backwards ran
+    with offload._LOCK:
+        offload._prefetch(key(5), dev)  # pending: q/k/v's 32 MiB; the first down's 128 fits
+    assert started[3:] == [key(3)]
+    hosts[2] = None  # an entry whose host tensor is gone is skipped
+    offload._ENTRIES[key(3)].asked = offload._ENTRIES[key(4)].asked = True
+    with offload._LOCK:
+        offload._prefetch(key(3), dev)
+    assert started[4:] == [key(1), key(0)]
+
+
+def test_put_bounds_the_host_lead_over_the_copies_out(monkeypatch):
+    mib = 1 << 20
+    monkeypatch.setattr(offload, "_BACKLOG", offload.deque())
+    events = [_Event(), _Event(), _Event(), _Event()]
+    events[0].done = True
+    for e in events:
+        offload._BACKLOG.append((e, 100 * mib))
+    with offload._LOCK:
+        offload._bound_backlog(150 * mib)
+    # the finished head is forgotten without a wait (300 MiB outstanding); then the host waits
+    # for the oldest until at most 150 MiB are: two waits (200, then 100 MiB), the newest left
+    assert [e.waited for e in events] == [False, True, True, False]
+    assert [n for _, n in offload._BACKLOG] == [100 * mib] and offload._BACKLOG[0][0] is events[3]
