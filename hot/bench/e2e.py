@@ -93,6 +93,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import recipes
+from ..common.config import ABC_MODES
 from .argparser import BenchParser, UsageErrorFactory
 
 # e2e's methods: every registered recipe (hot.recipes) under its own name, and two variants of
@@ -587,7 +588,7 @@ def main(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> int:
                         "exactly (default 0: every layer runs HOT)")
     p.add_argument("--hla-amax", choices=("current", "delayed"), default="current",
                    help="HLAConfig(amax=...) in the HOT modes (delayed: one read of g_y and x)")
-    p.add_argument("--abc", choices=("save", "recompute", "auto", "offload"), default=None,
+    p.add_argument("--abc", choices=ABC_MODES, default=None,
                    help="HLAConfig(abc=...) in the HOT modes (default: the recipe's, auto)")
     p.add_argument("--hla-share", choices=("none", "siblings"), default="none",
                    help="HLAConfig(share=...) in the HOT modes (siblings: layers reading one "

@@ -15,7 +15,7 @@ import torch
 import hot
 from hot import recipes
 from hot.recipes import Recipe
-from hot.common.config import FORWARDS, SELECTIONS, HOTConfig
+from hot.common.config import ABC_MODES, FORWARDS, SELECTIONS, HOTConfig
 
 from ..analysis.records import finite
 from . import argtypes as T
@@ -170,7 +170,7 @@ def add_hot_args(p: argparse.ArgumentParser) -> None:
     add("--hla-blocking", choices=("flat", "sequence"),
         help="token blocks over the flattened axis or inside each sequence")
     add("--hla-bits", type=T.bits, metavar="{4,8,none}", help="g_W path operand width")
-    add("--abc", choices=("save", "recompute", "auto", "offload"),
+    add("--abc", choices=ABC_MODES,
         help="what the forward keeps for g_W: the int8 codes (save, paper) or x, with the codes "
              "formed in backward (recompute), or recompute where x is kept anyway; offload: "
              "the codes in host memory until backward (CUDA, not under CUDA graphs)")

@@ -35,6 +35,7 @@ ABC_BACKWARDS = ("hot", "lbp_wht")
 FORWARDS = ("exact", "int8")
 BLOCK = 16  # the paper's block size for both transforms; kernels assume it
 SELECTIONS = ("auto", "lowpass", "lp_l1", "stratified")  # HLAConfig.selection
+ABC_MODES = ("save", "recompute", "auto", "offload")  # HLAConfig.abc
 DRAWN_SELECTIONS = ("stratified",)  # drawn per layer, step and block: unbiased
 # "stratified": rows kept of each sequency band (0-3, 4-7, 8-11, 12-15) per rank
 STRATA = {4: (1, 1, 1, 1), 8: (4, 2, 1, 1), 16: (4, 4, 4, 4)}
@@ -190,7 +191,7 @@ class HLAConfig:
         _check_bits("HLAConfig.bits", self.bits)
         _check_choice("HLAConfig.scale", self.scale, ("channel", "tensor"))
         _check_choice("HLAConfig.rounding", self.rounding, ("stochastic", "nearest"))
-        _check_choice("HLAConfig.abc", self.abc, ("save", "recompute", "auto", "offload"))
+        _check_choice("HLAConfig.abc", self.abc, ABC_MODES)
         _check_choice("HLAConfig.amax", self.amax, ("current", "delayed"))
         if self.amax == "delayed" and self.selection in (*DRAWN_SELECTIONS, "auto"):
             raise HOTConfigError(
