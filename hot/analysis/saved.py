@@ -136,6 +136,14 @@ class SavedTensorMeter:
     def total(self) -> int:
         return sum(self.by_layer.values())
 
+    @property
+    def home_total(self) -> int:
+        """``total`` less the storages on another device than the model's parameters (those
+        by_dtype reports as "<dtype> (host)"): what of it takes that device's memory."""
+        away = sum(r[0] for k, r in self.records.items()
+                   if self._home is not None and k[0] != self._home)
+        return self.total - away
+
     def by_dtype(self) -> dict:
         """{dtype name: bytes} over the counted storages; those on another device than the
         model's parameters as "<dtype> (host)" (or the device's type)."""

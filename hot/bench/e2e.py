@@ -481,8 +481,8 @@ def _memory(step, model: nn.Module, opt, peak_gib: Optional[float]) -> dict:
     out = {"saved_GiB": gib(meter.total), "saved_by_dtype_GiB": {k: gib(v) for k, v in by.items()},
            "saved_by_dtype_bytes": by, "params_GiB": gib(params), "optimizer_state_GiB": gib(state)}
     if peak_gib is not None:  # saves in host memory (abc="offload") take none of the peak
-        device = sum(v for k, v in by.items() if not k.endswith(" (host)"))
-        out["rest_of_peak_GiB"] = round(peak_gib - (device + params + state) / 2**30, 3)
+        out["rest_of_peak_GiB"] = round(peak_gib - (meter.home_total + params + state) / 2**30,
+                                        3)
     return out
 
 

@@ -112,6 +112,7 @@ def test_offloaded_codes_leave_the_gpu():
         live[abc] = torch.cuda.memory_allocated() - before
         host = meter.by_dtype().get("int8 (host)", 0)
         assert host == (16 << 20 if abc == "offload" else 0), meter.by_dtype()
+        assert meter.total - meter.home_total == host  # what takes no GPU memory
         y.float().sum().backward()
         del m, y
     assert live["save"] - live["offload"] >= 15 << 20, live
