@@ -89,39 +89,56 @@ def chunk_seed(seed: "int | StepSeed", c: int) -> "int | StepSeed":
 def split_backward(gy2d: torch.Tensor, gy_hla: torch.Tensor, w2d: Optional[torch.Tensor],
                    saved: Optional[Quantized], hq: HQArgs, hq_w: HQArgs, hla: HLAArgs,
                    need_gx: bool, need_gw: bool, x_dtype: torch.dtype, w_dtype: torch.dtype,
-                   backend: str) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """(g_x, g_W) of a layer whose g_y is too large for one pass (splits_gy_pass): the g_x path,
-    then the g_W path, each over chunks (``chunks``) whose codes are freed before the next:
+                   backend: str, chunked: bool = True
+                   ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """(g_x, g_W) from the two paths apart: the g_x path, then the g_W path. ``chunked`` (a g_y
+    too large for one pass, splits_gy_pass): each path over chunks (``chunks``) whose codes are
+    freed before the next:
 
         g_x[a:b] = int_gemm_nt(hq_quantize(g_y[a:b], hq_c), hq_quantize(W^T, hq_w))
                    over chunks [a, b) of the tokens (rows of g_y)
         g_W[a:b] = int_gemm_nt(hla_quantize(g_y[:, a:b], hla_c), q_x)
                    over chunks [a, b) of the output channels (columns of g_y)
 
-    where hq_c, hla_c are hq, hla with chunk_seed(seed, c). A chunk is quantized as a tensor of
-    its own: per-token HQ scales and per-channel HLA scales are those of the whole g_y (each
-    covers one row, resp. column, and a chunk holds whole ones); a per-tensor scale is the
-    chunk's absmax; the drawn HLA rows follow hla.draw, per block of 16 tokens, in every chunk
-    alike. Each chunk's codes are unbiased as the one pass's are; they differ from them by the
-    chunks' own random numbers (and per-tensor scales)."""
+    where hq_c, hla_c are hq, hla with chunk_seed(seed, c); else each path in one piece (chunk 0
+    alone). A chunk is quantized as a tensor of its own: per-token HQ scales and per-channel HLA
+    scales are those of the whole g_y (each covers one row, resp. column, and a chunk holds
+    whole ones); a per-tensor scale is the chunk's absmax; the drawn HLA rows follow hla.draw,
+    per block of 16 tokens, in every chunk alike. Each chunk's codes are unbiased as the one
+    pass's are; they differ from them by the chunks' own random numbers (and per-tensor
+    scales)."""
     gx = gw = None
     if need_gx:
         qw = ops.hq_quantize(w2d.t(), hq_w, backend)
-        gx = gy2d.new_empty((gy2d.shape[0], w2d.shape[1]), dtype=x_dtype)
-        for c, (a, b) in enumerate(chunks(gy2d.shape[0], gy2d.shape[1])):
+        n = gy2d.shape[0]
+        spans = chunks(n, gy2d.shape[1]) if chunked else [(0, n)]
+        if len(spans) > 1:
+            gx = gy2d.new_empty((n, w2d.shape[1]), dtype=x_dtype)
+        for c, (a, b) in enumerate(spans):
             qg = ops.hq_quantize(gy2d[a:b], hq._replace(seed=chunk_seed(hq.seed, c)), backend)
-            gx[a:b] = ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, backend)
+            part = ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, backend)
             del qg  # freed before the next chunk's codes
+            if gx is None:
+                gx = part
+            else:
+                gx[a:b] = part
         del qw
     if need_gw:
+        n = gy_hla.shape[1]
         lr = saved.q.shape[1]  # HLA coefficients per column: tokens / 16 * rank
-        gw = gy2d.new_empty((gy_hla.shape[1], saved.q.shape[0]), dtype=w_dtype)
-        for c, (a, b) in enumerate(chunks(gy_hla.shape[1], lr)):
+        spans = chunks(n, lr) if chunked else [(0, n)]
+        if len(spans) > 1:
+            gw = gy2d.new_empty((n, saved.q.shape[0]), dtype=w_dtype)
+        for c, (a, b) in enumerate(spans):
             part = hla._replace(seed=chunk_seed(hla.seed, c),
                                 history=None if hla.history is None else hla.history[a:b])
             qh = ops.hla_quantize(gy_hla[:, a:b], part, backend)
-            gw[a:b] = ops.int_gemm_nt(qh.q, saved.q, qh.scale, saved.scale, w_dtype, backend)
+            part = ops.int_gemm_nt(qh.q, saved.q, qh.scale, saved.scale, w_dtype, backend)
             del qh
+            if gw is None:
+                gw = part
+            else:
+                gw[a:b] = part
     return gx, gw
 
 
@@ -216,17 +233,9 @@ def _grads(plan: LayerPlan, bp, gy2d, w2d, saved, need_gx, need_gw, x_dtype, w_d
         args = (gy2d, w2d.t(), saved, hq, hla, hq_w, x_dtype, w_dtype, need_gb, plan.backend)
         out = ops.layer_backward(*args)
         gx, gw, gb = out if out is not None else ops.compose_layer_backward(*args)
-    elif splits_gy_pass(gy2d):
-        gx, gw = split_backward(gy2d, gy_hla, w2d, saved, hq, hq_w, hla, need_gx, need_gw,
-                                x_dtype, w_dtype, plan.backend)
     else:
-        if need_gx:
-            qg = ops.hq_quantize(gy2d, hq, plan.backend)
-            qw = ops.hq_quantize(w2d.t(), hq_w, plan.backend)
-            gx = ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, plan.backend)
-        if need_gw:
-            qh = ops.hla_quantize(gy_hla, hla, plan.backend)
-            gw = ops.int_gemm_nt(qh.q, saved.q, qh.scale, saved.scale, w_dtype, plan.backend)
+        gx, gw = split_backward(gy2d, gy_hla, w2d, saved, hq, hq_w, hla, need_gx, need_gw,
+                                x_dtype, w_dtype, plan.backend, splits_gy_pass(gy2d))
     if need_gb and gb is None:
         gb = gy2d.sum(0)
     return LayerGrads(gx, gw, gb)
