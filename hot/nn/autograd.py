@@ -82,7 +82,7 @@ from ..common import ops
 from ..common.config import ABC_BACKWARDS
 from . import replay
 from .backward import (abc_codes, hla_args, hot_backward, kept_by_producer, no_autocast,
-                       pads_sequences, patches, seq_pad)
+                       pads_sequences, patches, seq_pad, splits_gy_pass)
 from .forward import coded_gemm, forward_args, quantized_gemm, row_codes
 from .groups import abc_source
 from .offload import get as offload_get, put as offload_put
@@ -694,7 +694,7 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
     plan = _backward_plan(layer, cfg, gy2d.device, exact, seq, need_gw, recompute, fwd_step)
     saved = None
     if need_gw and not exact and saved0.device != gy2d.device:  # HLAConfig(abc="offload")
-        saved0 = offload_get(saved0, gy2d.device)
+        saved0 = offload_get(saved0, gy2d.device, prefetch=not splits_gy_pass(gy2d))
     if need_gw:
         saved = saved0 if exact else ops.Quantized(saved0, saved1)
     with no_autocast(gy2d.device.type):

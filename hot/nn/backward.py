@@ -55,10 +55,14 @@ def seq_pad(t: torch.Tensor, seq: int) -> torch.Tensor:
 # bf16 g_y on an H100, paid by every layer at least this large: at 32k tokens a step, of
 # Llama-1b's and Llama-8B's layers only the output layer.
 SPLIT_GY_CODES = 1 << 29
-# The codes of one chunk of a split backward: at most this many bytes (g_x's HQ codes of a chunk
-# of tokens, g_W's HLA codes of a chunk of output channels), so the output layer's backward
-# holds a quarter of its one pass's HQ codes or less.
-CHUNK_CODES = 1 << 27
+# The codes of one chunk of a split backward, at most, by path: g_x's HQ codes of a chunk of
+# tokens, g_W's HLA codes of a chunk of output channels. The g_W path runs at the layer's peak
+# (g_x and g_W both live beside g_y), so its chunks are the smaller: what a chunk holds beyond
+# them is its codes and its slice of g_W. Neither is smaller than one wave of GEMM tiles needs:
+# on Llama-1b's output layer (32k tokens, 2048 -> 32000) a g_x chunk is 2048 tokens and a g_W
+# chunk 2048 channels, each GEMM 2048 x 2048 (128 tiles of 128 x 256 for an H100's 132 SMs).
+CHUNK_CODES_GX = 1 << 26
+CHUNK_CODES_GW = 1 << 25
 
 
 def splits_gy_pass(gy2d: torch.Tensor) -> bool:
@@ -67,11 +71,11 @@ def splits_gy_pass(gy2d: torch.Tensor) -> bool:
     return gy2d.numel() >= SPLIT_GY_CODES
 
 
-def chunks(n: int, width: int) -> list[tuple[int, int]]:
-    """[start, stop) ranges covering 0..n with CHUNK_CODES // width entries each (a multiple
-    of 64, the quantizer tiles' side, and at least 64): the rows or columns of one chunk whose
-    codes take ``width`` bytes per row or column."""
-    step = max(64, CHUNK_CODES // max(width, 1) // 64 * 64)
+def chunks(n: int, width: int, budget: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges covering 0..n with budget // width entries each (a multiple of 64,
+    the quantizer tiles' side, and at least 64): the rows or columns of one chunk whose codes
+    take ``width`` bytes per row or column and at most ``budget`` bytes in all."""
+    step = max(64, budget // max(width, 1) // 64 * 64)
     return [(a, min(a + step, n)) for a in range(0, n, step)]
 
 
@@ -111,7 +115,7 @@ def split_backward(gy2d: torch.Tensor, gy_hla: torch.Tensor, w2d: Optional[torch
     if need_gx:
         qw = ops.hq_quantize(w2d.t(), hq_w, backend)
         n = gy2d.shape[0]
-        spans = chunks(n, gy2d.shape[1]) if chunked else [(0, n)]
+        spans = chunks(n, gy2d.shape[1], CHUNK_CODES_GX) if chunked else [(0, n)]
         if len(spans) > 1:
             gx = gy2d.new_empty((n, w2d.shape[1]), dtype=x_dtype)
         for c, (a, b) in enumerate(spans):
@@ -126,7 +130,7 @@ def split_backward(gy2d: torch.Tensor, gy_hla: torch.Tensor, w2d: Optional[torch
     if need_gw:
         n = gy_hla.shape[1]
         lr = saved.q.shape[1]  # HLA coefficients per column: tokens / 16 * rank
-        spans = chunks(n, lr) if chunked else [(0, n)]
+        spans = chunks(n, lr, CHUNK_CODES_GW) if chunked else [(0, n)]
         if len(spans) > 1:
             gw = gy2d.new_empty((n, saved.q.shape[0]), dtype=w_dtype)
         for c, (a, b) in enumerate(spans):

@@ -15,7 +15,10 @@ up to a step), so without a bound it would reach the backward, the step's peak, 
 copies not yet seen done and the codes still counted. ``put`` therefore waits, on the host,
 whenever more than BACKLOG_BYTES of copies out are outstanding: the host stays within that many
 bytes of codes of the copies, which at 55 GB/s (an H100's link, measured) keep up with a
-forward forming 3.5 GiB of codes in about 100 ms, so the GPU is not starved.
+forward forming 3.5 GiB of codes in about 100 ms, so the GPU is not starved. The first ``get``
+of a backward waits for the rest, so none is counted at the backward's peak; and the backward
+of a layer whose g_y is the step's largest tensor (an LM's output layer) starts no copies back
+but its own, so none adds to that peak either (``_ask``).
 
 Why it pays: the codes are a quarter of a bf16 input at rank 8; the GPU keeps at most the
 backlog and the prefetch window of them, and recompute ("recompute"), which saves the same
@@ -126,11 +129,10 @@ def _start(e: _Entry, host: torch.Tensor, device: torch.device) -> None:
     e.gpu, e.ready = gpu, ready
 
 
-def get(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+def get(host: torch.Tensor, device: torch.device, prefetch: bool = True) -> torch.Tensor:
     """``host`` (from ``put``) on ``device``, the current stream made to wait for its copy
-    back; then the copies back of the entries before it in forward order are started, up to
-    PREFETCH_BYTES not yet asked for. A tensor ``put`` did not make (or whose entry is gone) is
-    copied here, on the current stream."""
+    back (``_ask``). A tensor ``put`` did not make (or whose entry is gone) is copied here, on
+    the current stream."""
     if host.device.type == "cuda" or device.type != "cuda":
         return host.to(device)
     key = host.data_ptr()
@@ -138,27 +140,42 @@ def get(host: torch.Tensor, device: torch.device) -> torch.Tensor:
         e = _ENTRIES.get(key)
         if e is None or e.host() is not host:
             return host.to(device, non_blocking=True)
-        if e.gpu is None:
-            _start(e, host, device)
-        e.asked = True
+        _ask(e, key, host, device, prefetch)
         gpu, ready = e.gpu, e.ready
-        _prefetch(key, device)
     torch.cuda.current_stream(device).wait_event(ready)
     return gpu
+
+
+def _ask(e: _Entry, key: int, host: torch.Tensor, device: torch.device, prefetch: bool) -> None:
+    """The bookkeeping of ``get(host)``, in this order. (1) The host waits for every copy out
+    still outstanding: a backward has begun, so no more are coming, and the GPU codes they read
+    are then freed before the backward's transients are allocated (the first backwards run at
+    the step's peak). (2) e's copy back is started if a prefetch has not. (3) With
+    ``prefetch``, the copies back of the entries before it in forward order are started, up to
+    PREFETCH_BYTES not yet asked for; a backward whose g_y is the step's largest tensor (an
+    LM's output layer, hot.nn.backward.splits_gy_pass) passes False, and the next ``get``
+    starts them once that g_y is freed. Called with _LOCK held."""
+    _bound_backlog(0)
+    if e.gpu is None:
+        _start(e, host, device)
+    e.asked = True
+    if prefetch:
+        _prefetch(key, device)
 
 
 def _prefetch(key: int, device: torch.device) -> None:
     """Start the copies back of the entries before ``key`` in forward order (the next
     backwards'), nearest first, while the started and not yet asked-for bytes stay within
-    PREFETCH_BYTES. Called with _LOCK held."""
+    PREFETCH_BYTES, or while none are (one entry larger than the window). Called with _LOCK
+    held."""
     pending = sum(e.nbytes for e in _ENTRIES.values() if e.gpu is not None and not e.asked)
     keys = list(_ENTRIES)
     for k in reversed(keys[: keys.index(key)]):
         e = _ENTRIES[k]
         if e.gpu is not None:
             continue
-        if pending + e.nbytes > PREFETCH_BYTES:
-            break
+        if pending and pending + e.nbytes > PREFETCH_BYTES:
+            break  # the nearest entry not yet started always is (it is asked for next)
         host = e.host()
         if host is None:
             continue

@@ -199,3 +199,37 @@ def test_put_bounds_the_host_lead_over_the_copies_out(monkeypatch):
     # for the oldest until at most 150 MiB are: two waits (200, then 100 MiB), the newest left
     assert [e.waited for e in events] == [False, True, True, False]
     assert [n for _, n in offload._BACKLOG] == [100 * mib] and offload._BACKLOG[0][0] is events[3]
+
+
+def test_get_waits_for_the_copies_out_and_a_split_layer_prefetches_nothing(monkeypatch):
+    """The bookkeeping of get: the copies out still outstanding are waited for (none is counted
+    at the backward's peak); with prefetch=False (an output layer's chunked backward) only the
+    asked entry is copied back; the next get starts the copies back behind it."""
+    mib = 1 << 20
+    monkeypatch.setattr(offload, "PREFETCH_BYTES", 160 * mib)
+    monkeypatch.setattr(offload, "_BACKLOG", offload.deque())
+    hosts, started = _entries(monkeypatch, [32 * mib, 32 * mib, 128 * mib, 32 * mib])
+    outs = [_Event(), _Event()]
+    for ev in outs:
+        offload._BACKLOG.append((ev, 16 * mib))  # far below BACKLOG_BYTES: put left them
+    key = lambda i: hosts[i].data_ptr()  # noqa: E731
+    dev = torch.device("cpu")
+    with offload._LOCK:
+        offload._ask(offload._ENTRIES[key(3)], key(3), hosts[3], dev, prefetch=False)
+    assert all(ev.waited for ev in outs) and not offload._BACKLOG
+    assert started == [key(3)] and offload._ENTRIES[key(3)].asked
+    with offload._LOCK:
+        offload._ask(offload._ENTRIES[key(2)], key(2), hosts[2], dev, prefetch=True)
+    assert started == [key(3), key(2), key(1), key(0)]  # its own, then 64 MiB ahead
+
+
+def test_prefetch_starts_the_nearest_entry_even_beyond_the_window(monkeypatch):
+    """With nothing in flight, the nearest entry is started however large (it is asked for next:
+    waiting for it then would only stall); with one in flight, the window holds."""
+    mib = 1 << 20
+    monkeypatch.setattr(offload, "PREFETCH_BYTES", 64 * mib)
+    hosts, started = _entries(monkeypatch, [32 * mib, 128 * mib, 32 * mib])
+    key = lambda i: hosts[i].data_ptr()  # noqa: E731
+    with offload._LOCK:
+        offload._prefetch(key(2), torch.device("cpu"))
+    assert started == [key(1)]  # 128 MiB > 64, started alone; the 32 MiB after it waits

@@ -35,7 +35,8 @@ SMALL_CHUNKS = 64 * COUT
 
 def _split(monkeypatch, split: bool):
     monkeypatch.setattr(hb, "SPLIT_GY_CODES", 1 if split else 1 << 62)
-    monkeypatch.setattr(hb, "CHUNK_CODES", SMALL_CHUNKS)
+    monkeypatch.setattr(hb, "CHUNK_CODES_GX", SMALL_CHUNKS)
+    monkeypatch.setattr(hb, "CHUNK_CODES_GW", SMALL_CHUNKS)
 
 
 def _model():
@@ -95,7 +96,8 @@ def test_split_first_chunk_is_the_one_pass_later_chunks_round_their_own(backend,
     gy = torch.randn(TOKENS, COUT, generator=g).to(dev)
     gx1, gw1 = _layer_grads(backend, False, monkeypatch, x, gy)
     gx2, gw2 = _layer_grads(backend, True, monkeypatch, x, gy)
-    assert hb.chunks(TOKENS, COUT)[0] == (0, 64) and hb.chunks(COUT, TOKENS // 2)[0] == (0, 64)
+    assert (hb.chunks(TOKENS, COUT, hb.CHUNK_CODES_GX)[0] == (0, 64)
+            and hb.chunks(COUT, TOKENS // 2, hb.CHUNK_CODES_GW)[0] == (0, 64))
     assert torch.equal(gx1[:64], gx2[:64]) and torch.equal(gw1[:64], gw2[:64])
     # every later chunk differs somewhere (its own random numbers), and only by rounding
     for a, b in ((64, 128), (128, 192), (192, 256)):
@@ -160,13 +162,16 @@ def test_split_with_the_papers_lowpass_rows_is_biased(monkeypatch):
     assert e_large > 3 * s2 / N_LARGE and (e_small / e_large) ** 0.5 < 2.5, (e_large, s2)
 
 
-def test_chunks_cover_with_tile_multiples(monkeypatch):
-    monkeypatch.setattr(hb, "CHUNK_CODES", 1 << 27)
-    c = hb.chunks(32768, 32000)  # Llama-1b's output layer: 4160 tokens a chunk
+def test_chunks_cover_with_tile_multiples():
+    c = hb.chunks(32768, 32000, 1 << 27)  # 128 MiB: 4160 tokens a chunk
     assert c[0] == (0, 4160) and c[-1][1] == 32768
     assert all(b0 == a1 for (_, b0), (a1, _) in zip(c, c[1:]))
     assert all((b - a) % 64 == 0 for a, b in c[:-1])
-    assert hb.chunks(100, 1 << 40) == [(0, 64), (64, 100)]  # at least 64 a chunk
+    assert hb.chunks(100, 1 << 40, 1 << 27) == [(0, 64), (64, 100)]  # at least 64 a chunk
+    # Llama-1b's output layer at 32k tokens: 2048 tokens a g_x chunk, and with 16384 HLA
+    # coefficients per channel 2048 channels a g_W chunk
+    assert hb.chunks(32768, 32000, hb.CHUNK_CODES_GX)[0] == (0, 2048)
+    assert hb.chunks(32000, 16384, hb.CHUNK_CODES_GW)[:2] == [(0, 2048), (2048, 4096)]
     assert hb.chunk_seed(7, 0) == 7 and hb.chunk_seed(7, 1) != hb.chunk_seed(7, 2) != 7
 
 
@@ -183,9 +188,9 @@ def test_only_output_layer_sized_g_y_is_split():
 def test_split_lowers_the_backward_peak_on_a_gpu(monkeypatch):
     """An output-layer shape (8192 tokens, 1024 -> 65536): the one pass holds g_y's HQ codes
     (512 MiB) and HLA codes (256 MiB at rank 8) together; the split holds one chunk's codes
-    (at most CHUNK_CODES = 128 MiB) at a time, beside g_x and g_W (16 and 128 MiB), so the
-    backward's peak falls by at least 768 - 128 - 16 - 128 = 496 MiB less the quantizers'
-    workspaces (well under 100 MiB): at least 384 MiB asserted."""
+    (at most CHUNK_CODES_GX = 64 MiB) at a time, beside g_x and g_W (16 and 128 MiB), so the
+    backward's peak falls by at least 768 - 64 - 16 - 128 = 560 MiB less the quantizers'
+    workspaces (well under 100 MiB): at least 448 MiB asserted."""
     dev = torch.device("cuda")
     peaks = {}
     for split in (False, True):
@@ -209,4 +214,5 @@ def test_split_lowers_the_backward_peak_on_a_gpu(monkeypatch):
         peaks[split] = torch.cuda.max_memory_allocated() - base
         del m, x, y, gy
         torch.cuda.empty_cache()
-    assert peaks[False] - peaks[True] >= 384 << 20, peaks
+    assert peaks[False] - peaks[True] >= 448 << 20, peaks
+
