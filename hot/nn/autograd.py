@@ -81,8 +81,8 @@ from torch.autograd.function import once_differentiable
 from ..common import ops
 from ..common.config import ABC_BACKWARDS
 from . import replay
-from .backward import (abc_codes, hla_args, hot_backward, kept_by_producer, no_autocast,
-                       pads_sequences, patches, seq_pad, splits_gy_pass)
+from .backward import (abc_codes, gw_dtype, hla_args, hot_backward, kept_by_producer,
+                       no_autocast, pads_sequences, patches, seq_pad, splits_gy_pass)
 from .forward import coded_gemm, forward_args, quantized_gemm, row_codes
 from .groups import abc_source
 from .offload import get as offload_get, put as offload_put
@@ -704,7 +704,7 @@ def _layer_bwd(gy2d: torch.Tensor, w2d: Optional[torch.Tensor], saved0: Optional
         elif recompute and need_gw:
             saved = saved0
         gx, gw, gb = hot_backward(layer, plan, gy2d, w2d, saved, need_gx, need_gw,
-                                  _DTYPES[x_dtype], _DTYPES[w_dtype], need_gb)
+                                  _DTYPES[x_dtype], gw_dtype(gy2d, _DTYPES[w_dtype]), need_gb)
     return (gx.contiguous() if gx is not None else _empty(gy2d),
             gw.contiguous() if gw is not None else _empty(gy2d),
             gb if gb is not None else _empty(gy2d))
@@ -766,7 +766,8 @@ def _layer_bwd_fake(gy2d, w2d, saved0, saved1, fwd_step, key, cfg_key, exact, se
                     need_gb, in_features, x_dtype, w_dtype, recompute):
     n, o = gy2d.shape
     gx = gy2d.new_empty((n, in_features), dtype=_DTYPES[x_dtype]) if need_gx else _empty(gy2d)
-    gw = gy2d.new_empty((o, in_features), dtype=_DTYPES[w_dtype]) if need_gw else _empty(gy2d)
+    gw = (gy2d.new_empty((o, in_features), dtype=gw_dtype(gy2d, _DTYPES[w_dtype])) if need_gw
+          else _empty(gy2d))
     gb = gy2d.new_empty((o,)) if need_gb else _empty(gy2d)
     return gx, gw, gb
 

@@ -71,6 +71,18 @@ def splits_gy_pass(gy2d: torch.Tensor) -> bool:
     return gy2d.numel() >= SPLIT_GY_CODES
 
 
+def gw_dtype(gy2d: torch.Tensor, w_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the g_W a layer's backward returns: W's, except where the backward is split
+    (splits_gy_pass) and g_y's dtype is narrower (a bfloat16 g_y, a float32 W under autocast):
+    then g_y's, as an autocast nn.Linear's g_W is. Autograd makes the float32 copy after the
+    layer's backward, once g_y is freed, rather than the backward holding a float32 g_W beside
+    g_y at the step's peak (an LM's output layer: 32000 x 2048, 250 MiB instead of 125). The
+    values are the float32 ones rounded to nearest in g_y's dtype."""
+    if splits_gy_pass(gy2d) and gy2d.dtype.itemsize < w_dtype.itemsize:
+        return gy2d.dtype
+    return w_dtype
+
+
 def chunks(n: int, width: int, budget: int) -> list[tuple[int, int]]:
     """[start, stop) ranges covering 0..n with budget // width entries each (a multiple of 64,
     the quantizer tiles' side, and at least 64): the rows or columns of one chunk whose codes

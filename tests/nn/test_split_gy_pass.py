@@ -216,3 +216,30 @@ def test_split_lowers_the_backward_peak_on_a_gpu(monkeypatch):
         torch.cuda.empty_cache()
     assert peaks[False] - peaks[True] >= 448 << 20, peaks
 
+
+def test_split_returns_g_w_in_g_y_dtype(monkeypatch):
+    """Under bfloat16 autocast (float32 W, bfloat16 g_y) a split layer returns g_W in g_y's
+    dtype (gw_dtype): W.grad is the one pass's float32 g_W rounded to nearest bfloat16, exactly
+    (nearest rounding: the two routes' codes are the same), while an unsplit layer keeps W's."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(TOKENS, CIN, generator=g)
+    gy = torch.randn(TOKENS, COUT, generator=g).to(torch.bfloat16)
+
+    def weight_grad(split):
+        _split(monkeypatch, split)
+        torch.manual_seed(0)
+        layer = hot.convert(nn.Linear(CIN, COUT, bias=False), NEAREST, backend="reference")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(x)
+        y.backward(gy)
+        return layer.weight.grad
+
+    one, two = weight_grad(False), weight_grad(True)
+    assert one.dtype == two.dtype == torch.float32
+    assert not torch.equal(one, two)  # the rounding shows
+    assert torch.equal(two, one.to(torch.bfloat16).float())
+    monkeypatch.undo()  # the library's threshold again
+    meta = torch.empty(32768, 32000, dtype=torch.bfloat16, device="meta")
+    assert hb.gw_dtype(meta, torch.float32) == torch.bfloat16
+    assert hb.gw_dtype(meta[:1024], torch.float32) == torch.float32  # not split
+    assert hb.gw_dtype(meta.float(), torch.float32) == torch.float32
