@@ -306,7 +306,8 @@ class _HOTMixin:
         """x and the bias as autocast would cast them. The weight is not cast here: the
         operators read it in its own dtype (the forward GEMM casts a transient copy, HQ
         quantizes W from it directly), so no autocast copy of W is kept for backward (on a
-        1B-parameter model 2 GiB of bf16 copies) and g_W comes out in the weight's dtype."""
+        1B-parameter model 2 GiB of bf16 copies) and g_W comes out in the weight's dtype (but
+        on a split output layer: hot.nn.backward.gw_dtype)."""
         dev = x.device.type
         if torch.is_autocast_enabled(dev):
             dt = torch.get_autocast_dtype(dev)
