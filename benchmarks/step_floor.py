@@ -11,8 +11,8 @@ and GPU busy times. Every HOT mode in them gets its floor:
 
     floor = other + min(int8 GEMMs as measured, their operations at --int8-tops) + passes
 
-where `other` is measured (what HOT leaves as bf16 runs it: forward GEMMs, attention, norms,
-elementwise work, the optimizer) and the passes move their bytes (hot.analysis.floor) at
+where `other` is measured (what HOT leaves as bf16 runs it: forward GEMMs unless the forward is
+quantized too, attention, norms, elementwise work, the optimizer) and the passes move their bytes (hot.analysis.floor) at
 --bandwidth, the copy bandwidth the benchmarks measure: as specified (each input read twice, the
 second read charged for what exceeds the L2, --l2-mib), read once (a delayed or per-block scale),
 each also with one ABC pass per input that several layers read ("shared inputs": q, k and v;
@@ -66,7 +66,7 @@ def floors(records, bw: float, int8_rate: float, l2: float, target: float) -> in
             continue
         n += 1
         pb = pass_bytes(layer_shapes(r["model"], r["batch"], r.get("seq")),
-                        hot.HOTConfig().hla.rank, l2)
+                        hot.HOTConfig().hla.rank, l2, qfwd=r.get("forward") == "int8")
         gemm = min(cat["int8_gemm"], pb.gemm_ops / int8_rate * 1e3)
         fixed = cat["other"] + gemm
         passes = {"as specified (two reads)": pb.spec, "read once": pb.one_read,

@@ -29,6 +29,24 @@ def test_one_layer_by_hand():
     assert pb.gemm_ops == 2 * 32 * 16 * 32 + 2 * 16 * 32 * 16
 
 
+def test_quantized_forward_by_hand():
+    # The one layer above with HOTConfig(forward="int8"): x's HQ codes 32*32 = 1024 written by
+    # the ABC pass (no second read of x); W read again, 2*16*32 = 1024, its HQ codes 16*32 = 512;
+    # the forward GEMM 2 * 32 * 16 * 32
+    base = pass_bytes([one_layer()], 8, 0)
+    pb = pass_bytes([one_layer()], 8, 0, qfwd=True)
+    assert pb.one_read - base.one_read == 1024 + 1024 + 512
+    assert pb.spec - base.spec == 1024 + 1024 + 512 + 1024  # W's second read
+    assert pb.gemm_ops - base.gemm_ops == 2 * 32 * 16 * 32
+    # three layers reading one x: shared, x is read once and its HQ codes written once
+    q, k, v = (one_layer(source=0) for _ in range(3))
+    pb = pass_bytes([q, k, v], 8, 0, qfwd=True)
+    assert pb.one_read - pb.one_read_shared == 2 * 2048 + 2 * 1024
+    # a frozen weight still has its forward x pass (HQ codes only)
+    pb = pass_bytes([one_layer(need_w=False)], 8, 0, qfwd=True)
+    assert pb.one_read == (1024 + 512 + 1024 + 512) + (2048 + 1024) + (1024 + 512)
+
+
 def test_what_a_layer_needs_decides_its_passes():
     # No input gradient (a patch embedding on images): no HQ codes, no W pass, no g_x GEMM.
     pb = pass_bytes([one_layer(need_x=False)], 8, 0)
