@@ -243,3 +243,55 @@ def test_split_returns_g_w_in_g_y_dtype(monkeypatch):
     assert hb.gw_dtype(meta, torch.float32) == torch.bfloat16
     assert hb.gw_dtype(meta[:1024], torch.float32) == torch.float32  # not split
     assert hb.gw_dtype(meta.float(), torch.float32) == torch.float32
+
+
+
+def test_layer_bwd_fake_kernel_gives_the_split_g_w_dtype(monkeypatch):
+    """hot::layer_bwd's fake kernel (what torch.compile traces) gives the outputs the operator
+    returns, g_W's dtype included (gw_dtype), on the arguments of a split layer's backward."""
+    from hot.nn import autograd as ag
+
+    seen = {}
+    real = ag._layer_bwd
+
+    def spy(*args):
+        out = real(*args)
+        seen["args"], seen["out"] = args, out
+        return out
+
+    monkeypatch.setattr(ag, "_layer_bwd", spy)
+    _split(monkeypatch, True)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(TOKENS, CIN, generator=g)
+    gy = torch.randn(TOKENS, COUT, generator=g).to(torch.bfloat16)
+    layer = hot.convert(nn.Linear(CIN, COUT, bias=False), CFG, backend="reference")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    y.backward(gy)
+    meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in seen["args"]]
+    fake = ag._layer_bwd_fake(*meta)
+    assert seen["out"][1].dtype == torch.bfloat16  # the split layer's g_W, before autograd widens it
+    for f, r in zip(fake, seen["out"]):
+        assert (f.shape, f.dtype) == (r.shape, r.dtype)
+
+
+def test_split_g_w_dtype_is_the_same_compiled(monkeypatch):
+    """Under torch.compile (aot_eager: the same reference kernels) the operator's fake kernel
+    gives g_W the dtype the split backward returns (gw_dtype), and W.grad is eager's exactly."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(TOKENS, CIN, generator=g)
+    gy = torch.randn(TOKENS, COUT, generator=g).to(torch.bfloat16)
+    _split(monkeypatch, True)
+
+    def weight_grad(compiled):
+        torch.manual_seed(0)
+        layer = hot.convert(nn.Linear(CIN, COUT, bias=False), NEAREST, backend="reference")
+        run = torch.compile(layer, backend="aot_eager", fullgraph=True) if compiled else layer
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = run(x)
+        y.backward(gy)
+        return layer.weight.grad
+
+    eager, comp = weight_grad(False), weight_grad(True)
+    assert comp.dtype == torch.float32 and torch.equal(comp, eager)
+    torch._dynamo.reset()
