@@ -151,11 +151,12 @@ def _ask(e: _Entry, key: int, host: torch.Tensor, device: torch.device, prefetch
     still outstanding: a backward has begun, so the forward's are all enqueued, and the GPU codes
     they read are then freed before the backward's transients are allocated (the first
     backwards run at the step's peak). A forward run again inside the backward (activation
-    checkpointing) makes this a host wait per layer: correct, slower. (2) e's copy back is started if a prefetch has not. (3) With
-    ``prefetch``, the copies back of the entries before it in forward order are started, up to
-    PREFETCH_BYTES not yet asked for; a backward whose g_y is the step's largest tensor (an
-    LM's output layer, hot.nn.backward.splits_gy_pass) passes False, and the next ``get``
-    starts them once that g_y is freed. Called with _LOCK held."""
+    checkpointing) makes this a host wait per layer: correct, slower. (2) e's copy back is
+    started if a prefetch has not. (3) With ``prefetch``, the copies back of the entries before
+    it in forward order are started, up to PREFETCH_BYTES not yet asked for; a backward whose
+    g_y is the step's largest tensor (an LM's output layer, hot.nn.backward.splits_gy_pass)
+    passes False, and the next ``get`` starts them once that g_y is freed. Called with _LOCK
+    held."""
     _bound_backlog(0)
     if e.gpu is None:
         _start(e, host, device)

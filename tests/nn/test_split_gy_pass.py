@@ -270,7 +270,7 @@ def test_layer_bwd_fake_kernel_gives_the_split_g_w_dtype(monkeypatch):
     y.backward(gy)
     meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in seen["args"]]
     fake = ag._layer_bwd_fake(*meta)
-    assert seen["out"][1].dtype == torch.bfloat16  # the split layer's g_W, before autograd widens it
+    assert seen["out"][1].dtype == torch.bfloat16  # g_W, before autograd widens it
     for f, r in zip(fake, seen["out"]):
         assert (f.shape, f.dtype) == (r.shape, r.dtype)
 
