@@ -16,9 +16,10 @@ quantized too, attention, norms, elementwise work, the optimizer) and the passes
 bytes (hot.analysis.floor) at --bandwidth, the copy bandwidth the benchmarks measure: as
 specified (each input read twice, the second read charged for what exceeds the L2, --l2-mib),
 read once (a delayed or per-block scale), each also with one ABC pass per input that several
-layers read ("shared inputs": q, k and v; gate and up), and not at all. For --target it prints what the passes may take and what multiple
-of the copy bandwidth each form would then need. The layers' shapes come from one forward of the
-model on the CPU (hot.analysis.shapes) at batch 1, scaled to the record's batch.
+layers read ("shared inputs": q, k and v; gate and up), and not at all. For --target it prints
+what the passes may take and what multiple of the copy bandwidth each form would then need. The
+layers' shapes come from one forward of the model on the CPU (hot.analysis.shapes) at batch 1,
+scaled to the record's batch.
 """
 import argparse
 import dataclasses
