@@ -21,7 +21,7 @@ does so where keeping x is free.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -126,36 +126,41 @@ def split_backward(gy2d: torch.Tensor, gy_hla: torch.Tensor, w2d: Optional[torch
     gx = gw = None
     if need_gx:
         qw = ops.hq_quantize(w2d.t(), hq_w, backend)
+
+        def gx_part(c: int, a: int, b: int) -> torch.Tensor:
+            qg = ops.hq_quantize(gy2d[a:b], hq._replace(seed=chunk_seed(hq.seed, c)), backend)
+            return ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, backend)
+
         n = gy2d.shape[0]
         spans = chunks(n, gy2d.shape[1], CHUNK_CODES_GX) if chunked else [(0, n)]
-        if len(spans) > 1:
-            gx = gy2d.new_empty((n, w2d.shape[1]), dtype=x_dtype)
-        for c, (a, b) in enumerate(spans):
-            qg = ops.hq_quantize(gy2d[a:b], hq._replace(seed=chunk_seed(hq.seed, c)), backend)
-            part = ops.int_gemm_nt(qg.q, qw.q, qg.scale, qw.scale, x_dtype, backend)
-            del qg  # freed before the next chunk's codes
-            if gx is None:
-                gx = part
-            else:
-                gx[a:b] = part
-        del qw
+        gx = _assemble(spans, (n, w2d.shape[1]), x_dtype, gy2d, gx_part)
+        del qw  # freed before the g_W path's codes
     if need_gw:
+
+        def gw_part(c: int, a: int, b: int) -> torch.Tensor:
+            args = hla._replace(seed=chunk_seed(hla.seed, c),
+                                history=None if hla.history is None else hla.history[a:b])
+            qh = ops.hla_quantize(gy_hla[:, a:b], args, backend)
+            return ops.int_gemm_nt(qh.q, saved.q, qh.scale, saved.scale, w_dtype, backend)
+
         n = gy_hla.shape[1]
         lr = saved.q.shape[1]  # HLA coefficients per column: tokens / 16 * rank
         spans = chunks(n, lr, CHUNK_CODES_GW) if chunked else [(0, n)]
-        if len(spans) > 1:
-            gw = gy2d.new_empty((n, saved.q.shape[0]), dtype=w_dtype)
-        for c, (a, b) in enumerate(spans):
-            part = hla._replace(seed=chunk_seed(hla.seed, c),
-                                history=None if hla.history is None else hla.history[a:b])
-            qh = ops.hla_quantize(gy_hla[:, a:b], part, backend)
-            part = ops.int_gemm_nt(qh.q, saved.q, qh.scale, saved.scale, w_dtype, backend)
-            del qh
-            if gw is None:
-                gw = part
-            else:
-                gw[a:b] = part
+        gw = _assemble(spans, (n, saved.q.shape[0]), w_dtype, gy2d, gw_part)
     return gx, gw
+
+
+def _assemble(spans: list[tuple[int, int]], shape: tuple[int, int], dtype: torch.dtype,
+              like: torch.Tensor, part: Callable[[int, int, int], torch.Tensor]) -> torch.Tensor:
+    """The rows [a, b) of each span from part(c, a, b) (chunk c) in one tensor of ``shape``; a
+    single span's part is the result itself. Each part's codes are freed when it returns, before
+    the next chunk's are formed."""
+    if len(spans) == 1:
+        return part(0, *spans[0])
+    out = like.new_empty(shape, dtype=dtype)
+    for c, (a, b) in enumerate(spans):
+        out[a:b] = part(c, a, b)
+    return out
 
 
 def no_autocast(device_type: str):
