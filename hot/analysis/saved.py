@@ -140,9 +140,11 @@ class SavedTensorMeter:
     def home_total(self) -> int:
         """``total`` less the storages on another device than the model's parameters (those
         by_dtype reports as "<dtype> (host)"): what of it takes that device's memory."""
-        away = sum(r[0] for k, r in self.records.items()
-                   if self._home is not None and k[0] != self._home)
-        return self.total - away
+        return self.total - sum(r[0] for k, r in self.records.items() if self._away(k))
+
+    def _away(self, key: tuple) -> bool:
+        """Whether the storage ``key`` lies on another device than the model's parameters."""
+        return self._home is not None and key[0] != self._home
 
     def by_dtype(self) -> dict:
         """{dtype name: bytes} over the counted storages; those on another device than the
@@ -150,7 +152,7 @@ class SavedTensorMeter:
         out: dict = defaultdict(int)
         for key, (nbytes, _, dtype, _) in self.records.items():
             name = str(dtype).replace("torch.", "")
-            if self._home is not None and key[0] != self._home:
+            if self._away(key):
                 name += " (host)" if key[0] == "cpu" else f" ({key[0]})"
             out[name] += nbytes
         return dict(out)
