@@ -234,6 +234,26 @@ std::string check_scale(Kind kind, const char* name, const torch::Tensor& s, int
   return std::string();
 }
 
+// A bias: fp32 of shape (N,) on `dev`.
+std::string check_bias(Kind kind, const torch::Tensor& b, int64_t n, const torch::Device& dev) {
+  const std::string where = std::string("hot.fast._C.") + kind_name(kind) + ": ";
+  HOT_REQUIRE(b.device() == dev, where, "bias is on ", b.device(), ", the operands on ", dev);
+  HOT_REQUIRE(b.scalar_type() == torch::kFloat32, where, "bias must be float32, got ", b.scalar_type(),
+              "; pass bias.float()");
+  HOT_REQUIRE(b.dim() == 1 && b.size(0) == n, where, "bias must have shape (", n, ",), got ", b.sizes());
+  return std::string();
+}
+
+// A checked bias as the epilogue reads it, `cols` (the padded N) values: `b` itself when it holds
+// that many, else a copy padded with zeros (the row broadcast's loads are predicated on the
+// problem's N, so nothing past `cols` is read; the padded columns are cut off afterwards).
+torch::Tensor bias_vector(const torch::Tensor& b, int64_t cols) {
+  if (b.size(0) >= cols && b.is_contiguous()) return b;
+  torch::Tensor v = torch::zeros({cols}, b.options());
+  v.narrow(0, 0, b.size(0)).copy_(b);
+  return v;
+}
+
 // A checked scale as a contiguous vector whose storage extends to a multiple of kScalePad
 // floats (the epilogue's vector loads may read that far): `s` itself when it holds one value per
 // row, starts 16-byte aligned and its storage has that room (hot.fast.passes allocates its scales
@@ -285,7 +305,8 @@ const char* launch(Kind kind, hot::GemmArgs& g, const torch::TensorOptions& opts
 // exact rounding. K is split into chunks of at most max_k (0: the overflow bound) whose
 // dequantized fp32 partials are summed in order. Call it inside guarded(): torch calls throw.
 Result scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& sa,
-                   const torch::Tensor& sb, const std::string& out_dtype, int64_t max_k) {
+                   const torch::Tensor& sb, const std::string& out_dtype, int64_t max_k,
+                   const c10::optional<torch::Tensor>& bias) {
   const bool int4 = kind == Kind::kS4Sm80;
   const auto in_dtype = int4 ? torch::kUInt8 : torch::kInt8;
   const int64_t per_byte = int4 ? 2 : 1;
@@ -305,6 +326,8 @@ Result scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor& b, co
   }
   HOT_PROPAGATE(check_scale(kind, "sa", sa, M, dev));
   HOT_PROPAGATE(check_scale(kind, "sb", sb, N, dev));
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) HOT_PROPAGATE(check_bias(kind, *bias, N, dev));
   int64_t kc = max_k > 0 ? std::min(max_k, int4 ? kMaxKInt4 : kMaxKInt8) : (int4 ? kMaxKInt4 : kMaxKInt8);
   kc = kc / align * align;
   if (kc < align) return fail(value_error(where, "max_k = ", max_k, " is below the K alignment ", align));
@@ -317,6 +340,7 @@ Result scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor& b, co
   if (M == 0 || N == 0 || K == 0) {
     // No products: the sum is exactly 0, still scaled so NaN/Inf scales propagate as in the reference.
     auto z = torch::zeros({M, N}, fopts) * sa_v.narrow(0, 0, M).unsqueeze(1) * sb_v.narrow(0, 0, N).unsqueeze(0);
+    if (has_bias) z.add_(bias->unsqueeze(0));
     return ok(z.to(odt));
   }
 
@@ -328,6 +352,13 @@ Result scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor& b, co
     bp.narrow(0, 0, N).copy_(b);
   }
   const int64_t nchunks = (K + kc - 1) / kc;
+  // The bias goes into the epilogue of a one-pass sm90 GEMM; elsewhere the kernels write float32
+  // and the bias is added below, in float32 before the one rounding into out_dtype: the same
+  // function either way.
+  const bool bias_inside = has_bias && kind == Kind::kS8Sm90 && nchunks == 1;
+  const bool f32_out = nchunks > 1 || (has_bias && !bias_inside);
+  torch::Tensor bias_v;
+  if (bias_inside) bias_v = bias_vector(*bias, Np);
 
   hot::GemmArgs g;
   g.lda = a.size(0) > 1 ? a.stride(0) * per_byte : K;
@@ -337,9 +368,10 @@ Result scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor& b, co
   g.m = int(M);
   g.n = int(Np);
   g.ldo = Np;
+  g.bias = bias_inside ? bias_v.data_ptr<float>() : nullptr;
   g.stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
 
-  torch::Tensor out = torch::empty({M, Np}, fopts.dtype(nchunks == 1 ? odt : torch::kFloat32));
+  torch::Tensor out = torch::empty({M, Np}, fopts.dtype(f32_out ? torch::kFloat32 : odt));
   torch::Tensor part;
   for (int64_t c = 0; c < nchunks; ++c) {
     const int64_t k0 = c * kc;
@@ -349,7 +381,7 @@ Result scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor& b, co
     g.k = int(kl);
     if (c == 0) {
       g.out = out.data_ptr();
-      g.out_type = nchunks == 1 ? otype : hot::OutType::kF32;
+      g.out_type = f32_out ? hot::OutType::kF32 : otype;
     } else {
       if (!part.defined()) part = torch::empty({M, Np}, fopts);
       g.out = part.data_ptr();
@@ -361,22 +393,23 @@ Result scaled_gemm(Kind kind, const torch::Tensor& a, const torch::Tensor& b, co
     }
     if (c > 0) out.add_(part);
   }
-  if (nchunks > 1) out = out.to(odt);
+  if (has_bias && !bias_inside) out.narrow(1, 0, N).add_(bias->unsqueeze(0));
+  if (f32_out) out = out.to(odt);
   if (Np != N) out = out.narrow(1, 0, N).contiguous();
   return ok(out);
 }
 
 Result gemm_s8s8_sm90(torch::Tensor a, torch::Tensor b, torch::Tensor sa, torch::Tensor sb,
-                      std::string out_dtype, int64_t max_k) {
-  return guarded("gemm_s8s8_sm90", [&] { return scaled_gemm(Kind::kS8Sm90, a, b, sa, sb, out_dtype, max_k); });
+                      std::string out_dtype, int64_t max_k, c10::optional<torch::Tensor> bias) {
+  return guarded("gemm_s8s8_sm90", [&] { return scaled_gemm(Kind::kS8Sm90, a, b, sa, sb, out_dtype, max_k, bias); });
 }
 Result gemm_s8s8_sm80(torch::Tensor a, torch::Tensor b, torch::Tensor sa, torch::Tensor sb,
-                      std::string out_dtype, int64_t max_k) {
-  return guarded("gemm_s8s8_sm80", [&] { return scaled_gemm(Kind::kS8Sm80, a, b, sa, sb, out_dtype, max_k); });
+                      std::string out_dtype, int64_t max_k, c10::optional<torch::Tensor> bias) {
+  return guarded("gemm_s8s8_sm80", [&] { return scaled_gemm(Kind::kS8Sm80, a, b, sa, sb, out_dtype, max_k, bias); });
 }
 Result gemm_s4s4_sm80(torch::Tensor a, torch::Tensor b, torch::Tensor sa, torch::Tensor sb,
-                      std::string out_dtype, int64_t max_k) {
-  return guarded("gemm_s4s4_sm80", [&] { return scaled_gemm(Kind::kS4Sm80, a, b, sa, sb, out_dtype, max_k); });
+                      std::string out_dtype, int64_t max_k, c10::optional<torch::Tensor> bias) {
+  return guarded("gemm_s4s4_sm80", [&] { return scaled_gemm(Kind::kS4Sm80, a, b, sa, sb, out_dtype, max_k, bias); });
 }
 
 // codes (R, K) int8 in [-8, 7] -> (R, ceil(K / 32) * 16) uint8, zero codes past K.
@@ -552,10 +585,10 @@ Tensors layer_backward(std::vector<int64_t> gplan, std::vector<int64_t> wplan, t
     if (e.empty()) e = run_pass(wplan, wt, amax_w, key_w, 0, 0, step, &w);
     if (!e.empty()) return e;
     const Kind kind = gemm_kind == 0 ? Kind::kS8Sm90 : Kind::kS8Sm80;
-    Result r = scaled_gemm(kind, g.hq_q, w.hq_q, g.hq_s, w.hq_s, gx_dtype, 0);
+    Result r = scaled_gemm(kind, g.hq_q, w.hq_q, g.hq_s, w.hq_s, gx_dtype, 0, c10::nullopt);
     if (!std::get<1>(r).empty()) return std::get<1>(r);
     gx = std::get<0>(r);
-    r = scaled_gemm(kind, g.hla_q, qx, g.hla_s, sx, gw_dtype, 0);
+    r = scaled_gemm(kind, g.hla_q, qx, g.hla_s, sx, gw_dtype, 0, c10::nullopt);
     if (!std::get<1>(r).empty()) return std::get<1>(r);
     gw = std::get<0>(r);
     if (g.bsum.defined()) gb = g.bsum.to(gy.scalar_type());
@@ -592,13 +625,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             "'RuntimeError: ...' or 'OutOfMemoryError: ...' and result is None; hot.fast._ext raises it.";
   m.def("gemm_s8s8_sm90", &gemm_s8s8_sm90, "int8 wgmma GEMM (sm_90a) with row/column scales -> (out, err)",
         pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("sa"), pybind11::arg("sb"),
-        pybind11::arg("out_dtype"), pybind11::arg("max_k") = 0);
+        pybind11::arg("out_dtype"), pybind11::arg("max_k") = 0, pybind11::arg("bias") = pybind11::none());
   m.def("gemm_s8s8_sm80", &gemm_s8s8_sm80, "int8 mma.sync GEMM (sm_80+) with row/column scales -> (out, err)",
         pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("sa"), pybind11::arg("sb"),
-        pybind11::arg("out_dtype"), pybind11::arg("max_k") = 0);
+        pybind11::arg("out_dtype"), pybind11::arg("max_k") = 0, pybind11::arg("bias") = pybind11::none());
   m.def("gemm_s4s4_sm80", &gemm_s4s4_sm80, "packed int4 mma.sync GEMM (sm_80+) with row/column scales -> (out, err)",
         pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("sa"), pybind11::arg("sb"),
-        pybind11::arg("out_dtype"), pybind11::arg("max_k") = 0);
+        pybind11::arg("out_dtype"), pybind11::arg("max_k") = 0, pybind11::arg("bias") = pybind11::none());
   m.def("pack_int4", &pack_int4, "int8 codes -> (packed int4, err)", pybind11::arg("codes"),
         pybind11::arg("check") = true);
   m.def("unpack_int4", &unpack_int4, "packed int4 -> (int8 codes, err)", pybind11::arg("packed"), pybind11::arg("k"));

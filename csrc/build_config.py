@@ -17,8 +17,8 @@ EXT_NAME = "hot.fast._C"
 
 # binding.cpp is the only file with torch headers; each .cu is its own job so ninja can
 # compile them in parallel.
-SOURCES = ["binding.cpp", "gemm_sm90_s8.cu", "gemm_sm80_s8.cu", "gemm_sm80_s4.cu", "pack_int4.cu"]
-HEADERS = ["hot_kernels.h", "launch_util.h", "gemm_sm80.cuh"]
+SOURCES = ["binding.cpp", "gemm_sm90_s8.cu", "gemm_sm90_s8_bias.cu", "gemm_sm80_s8.cu", "gemm_sm80_s4.cu", "pack_int4.cu"]
+HEADERS = ["hot_kernels.h", "launch_util.h", "gemm_sm80.cuh", "gemm_sm90_s8.cuh"]
 
 # sm_80 (A100) and sm_86 (RTX 30xx; sm_89 runs its SASS) for the mma.sync kernels; sm_90a for
 # wgmma (the plain sm_90 target cannot issue wgmma).

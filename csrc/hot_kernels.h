@@ -12,10 +12,12 @@ namespace hot {
 
 enum class OutType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
-// One scaled integer GEMM, "NT": out[m, n] = cvt((float(sum_k a[m, k] * b[n, k]) * sa[m]) * sb[n]).
-// The int32 accumulation is exact while |sum| < 2^31 (the caller chunks K to guarantee it); the
-// int32 -> fp32 conversion and the two fp32 products round to nearest, in this order, which is
-// also the order of hot.reference.ops.int_gemm_nt; cvt rounds to nearest into the output type.
+// One scaled integer GEMM, "NT": out[m, n] = cvt((float(sum_k a[m, k] * b[n, k]) * sa[m]) * sb[n]
+// [+ bias[n]]). The int32 accumulation is exact while |sum| < 2^31 (the caller chunks K to
+// guarantee it); the int32 -> fp32 conversion, the two fp32 products and the fp32 bias sum round
+// to nearest, in this order, which is also the order of hot.reference.ops.int_gemm_nt; cvt rounds
+// to nearest into the output type. Only gemm_s8s8_sm90 takes a bias (its epilogue adds it); the
+// binding adds it after the other kernels, in float32 before the same final rounding.
 struct GemmArgs {
   const void* a = nullptr;   // (M, K) row-major codes; int8, or packed int4 (two per byte)
   int64_t lda = 0;           // row stride of a, in elements (codes, not bytes)
@@ -27,6 +29,7 @@ struct GemmArgs {
   int64_t ldo = 0;           // row stride of out, in elements
   int m = 0, n = 0, k = 0;
   OutType out_type = OutType::kF32;
+  const float* bias = nullptr; // N float32 values added before the final rounding (sm90 only), or null
   void* workspace = nullptr; // at least *_workspace_size(args) bytes on the device
   cudaStream_t stream = nullptr;
 };

@@ -11,11 +11,11 @@ Interface for the fast backend (all tensors on one CUDA device; nothing here run
         None when ``kernel`` ('sm90', 'sm80' or None for the module alone) can run on
         ``device``, else a plain reason ("not built: nvcc not found at build time", "built
         without sm_90a", "import failed: ...").
-    gemm_s8s8_sm90(a, b, sa, sb, out_dtype=torch.bfloat16, max_k=0) -> (M, N)
+    gemm_s8s8_sm90(a, b, sa, sb, out_dtype=torch.bfloat16, max_k=0, bias=None) -> (M, N)
         int8 wgmma GEMM, compute capability 9.0 only.
-    gemm_s8s8_sm80(a, b, sa, sb, out_dtype=torch.bfloat16, max_k=0) -> (M, N)
+    gemm_s8s8_sm80(a, b, sa, sb, out_dtype=torch.bfloat16, max_k=0, bias=None) -> (M, N)
         int8 mma.sync GEMM, compute capability 8.x and 9.0.
-    gemm_s4s4_sm80(a_packed, b_packed, sa, sb, out_dtype=torch.bfloat16, max_k=0) -> (M, N)
+    gemm_s4s4_sm80(a_packed, b_packed, sa, sb, out_dtype=torch.bfloat16, max_k=0, bias=None) -> (M, N)
         int4 mma.sync GEMM on pack_int4 output; native on 8.x, emulated (~24x slower) on 9.0.
     pack_int4(codes, check=True) -> packed;  unpack_int4(packed, k) -> codes
     max_k(kind) -> int;  info() -> dict
@@ -33,11 +33,12 @@ torch.OutOfMemoryError when an allocation inside the binding failed.
 The three GEMMs share one contract, that of hot.common.ops.int_gemm_nt with exact integer sums:
     a: (M, K) codes, b: (N, K) codes, both K-contiguous with 16-byte aligned rows and data
        (int8 tensors; for int4, uint8 tensors of K/2 bytes per row from pack_int4);
-    sa: (M, 1) or (1, 1) float32, sb: (N, 1) or (1, 1) float32;
-    out[m, n] = cvt((float32(sum_k a[m, k] * b[n, k]) * sa[m]) * sb[n])
+    sa: (M, 1) or (1, 1) float32, sb: (N, 1) or (1, 1) float32, bias: None or (N,) float32;
+    out[m, n] = cvt((float32(sum_k a[m, k] * b[n, k]) * sa[m]) * sb[n] [+ bias[n]])
     with the sum exact in int32, each float32 operation rounded to nearest in this order (the
     order of the reference backend), cvt = round to nearest into out_dtype (float32, bfloat16
-    or float16). K must be a multiple of 16 (int8) or 32 (int4; pack_int4 pads to it); M and N
+    or float16). gemm_s8s8_sm90 adds the bias in its epilogue; the others (and a chunked K)
+    write float32 and the binding adds it before the one rounding into out_dtype. K must be a multiple of 16 (int8) or 32 (int4; pack_int4 pads to it); M and N
     are free (N is padded to 16 internally by copying b, which costs a copy of b).
     K longer than max_k (default and cap: the int32 overflow bound, 130,816 for int8 and
     33,554,176 for int4) is split into chunks; each chunk's float32 result
@@ -263,25 +264,31 @@ def _dtype_name(out_dtype: torch.dtype) -> str:
 
 
 def gemm_s8s8_sm90(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
-                   out_dtype: torch.dtype = torch.bfloat16, max_k: int = 0) -> torch.Tensor:
-    """out = cvt((float32(a @ b^T) * sa) * sb^T) on Hopper wgmma (CUTLASS 3.x, 128x256x128 tile,
-    2x1x1 cluster); int8 a (M, K), b (N, K); see the module docstring for the exact contract."""
-    return result_or_raise(_module().gemm_s8s8_sm90(a, b, sa, sb, _dtype_name(out_dtype), int(max_k)))
+                   out_dtype: torch.dtype = torch.bfloat16, max_k: int = 0,
+                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out = cvt((float32(a @ b^T) * sa) * sb^T [+ bias]) on Hopper wgmma (CUTLASS 3.x; the tile
+    and schedule by the GEMM's shape, csrc/gemm_sm90_s8.cuh); int8 a (M, K), b (N, K); see the
+    module docstring for the exact contract."""
+    return result_or_raise(_module().gemm_s8s8_sm90(a, b, sa, sb, _dtype_name(out_dtype), int(max_k), bias))
 
 
 def gemm_s8s8_sm80(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
-                   out_dtype: torch.dtype = torch.bfloat16, max_k: int = 0) -> torch.Tensor:
-    """out = cvt((float32(a @ b^T) * sa) * sb^T) on Ampere mma.sync m16n8k32 (CUTLASS 2.x,
-    128x256x64 tile); int8 a (M, K), b (N, K); see the module docstring."""
-    return result_or_raise(_module().gemm_s8s8_sm80(a, b, sa, sb, _dtype_name(out_dtype), int(max_k)))
+                   out_dtype: torch.dtype = torch.bfloat16, max_k: int = 0,
+                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out = cvt((float32(a @ b^T) * sa) * sb^T [+ bias]) on Ampere mma.sync m16n8k32 (CUTLASS
+    2.x, 128x256x64 tile); int8 a (M, K), b (N, K); see the module docstring."""
+    return result_or_raise(_module().gemm_s8s8_sm80(a, b, sa, sb, _dtype_name(out_dtype), int(max_k), bias))
 
 
 def gemm_s4s4_sm80(a_packed: torch.Tensor, b_packed: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
-                   out_dtype: torch.dtype = torch.bfloat16, max_k: int = 0) -> torch.Tensor:
-    """out = cvt((float32(a @ b^T) * sa) * sb^T) on Ampere mma.sync m16n8k64 int4 (CUTLASS 2.x,
-    128x256x128 tile), where a = unpack(a_packed) (M, K) and b = unpack(b_packed) (N, K), K = 2 *
-    a_packed.shape[1] (a multiple of 32: pack_int4 pads with zero codes, which add nothing)."""
-    return result_or_raise(_module().gemm_s4s4_sm80(a_packed, b_packed, sa, sb, _dtype_name(out_dtype), int(max_k)))
+                   out_dtype: torch.dtype = torch.bfloat16, max_k: int = 0,
+                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out = cvt((float32(a @ b^T) * sa) * sb^T [+ bias]) on Ampere mma.sync m16n8k64 int4
+    (CUTLASS 2.x, 128x256x128 tile), where a = unpack(a_packed) (M, K) and b = unpack(b_packed)
+    (N, K), K = 2 * a_packed.shape[1] (a multiple of 32: pack_int4 pads with zero codes, which
+    add nothing)."""
+    return result_or_raise(_module().gemm_s4s4_sm80(a_packed, b_packed, sa, sb, _dtype_name(out_dtype),
+                                                    int(max_k), bias))
 
 
 def pack_int4(codes: torch.Tensor, check: bool = True) -> torch.Tensor:

@@ -55,9 +55,10 @@ def _int_dot(a, b):
     return (a.double() @ b.double().t()).long()
 
 
-def _expected(a, b, sa, sb, dtype, chunk=None):
-    """((float32(a @ b^T) * sa) * sb^T) per K chunk, float32 partials summed in chunk order, then
-    rounded into dtype; the integer sums are exact (_int_dot) on the CPU."""
+def _expected(a, b, sa, sb, dtype, chunk=None, bias=None):
+    """((float32(a @ b^T) * sa) * sb^T) per K chunk, float32 partials summed in chunk order, plus
+    the float32 bias when given, then rounded into dtype; the integer sums are exact (_int_dot)
+    on the CPU."""
     a, b = a.cpu(), b.cpu()
     sa, sb = sa.cpu().float(), sb.cpu().float()
     k = a.shape[1]
@@ -67,6 +68,8 @@ def _expected(a, b, sa, sb, dtype, chunk=None):
         acc = _int_dot(a[:, k0:k0 + chunk], b[:, k0:k0 + chunk])
         part = (acc.to(torch.float32) * sa) * sb.t()
         out = part if out is None else out + part
+    if bias is not None:
+        out = out + bias.cpu()
     return out.to(dtype)
 
 
@@ -126,6 +129,66 @@ def test_few_tile_weight_gradient_shapes_are_exact(ext, m, n, k):
         assert torch.equal(out.cpu(), _expected(a, b, sa, sb, dtype)), dtype
         again = _run(ext, "gemm_s8s8_sm90", False, a, b, sa, sb, dtype)
         assert torch.equal(again, out), dtype
+
+
+# (M, N, K): the shapes that pick each gemm_s8s8_sm90 kernel variant (ViT-B's forward GEMMs:
+# proj / fc2 class, qkv, a square 2048 one; a small M with a long K, stream-K without a bias),
+# and an N that is not a multiple of 16 (the binding pads it).
+BIAS_SHAPES = [(4096, 768, 768), (4096, 2304, 768), (4096, 2048, 2048), (256, 768, 4096),
+               (37, 53, 64)]
+
+
+def _bias_operands(m, n, k, int4, dtype, gen):
+    lo, hi = (-8, 7) if int4 else (-128, 127)
+    a, b = _codes(m, k, lo, hi, gen), _codes(n, k, lo, hi, gen)
+    sa, sb = _scales(m, n, gen)
+    sa, sb = sa * 1e-3, sb * 1e-3  # |out| far below float16's range
+    # a layer's bias as the forward passes it: rounded to the output dtype, then float32
+    bias = (torch.randn(n, generator=gen) * 4).to(dtype).to(torch.float32)
+    return a, b, sa, sb, bias
+
+
+def _run_bias(ext, name, int4, a, b, sa, sb, dtype, bias, max_k=0):
+    dev = torch.device("cuda")
+    if int4:
+        a_d, b_d = ext.pack_int4(a.to(dev), True), ext.pack_int4(b.to(dev), True)
+    else:
+        a_d, b_d = a.to(dev), b.to(dev)
+    out = getattr(ext, name)(a_d, b_d, sa.to(dev), sb.to(dev), dtype, max_k, bias=bias.to(dev))
+    torch.cuda.synchronize()
+    return out.cpu()
+
+
+@pytest.mark.parametrize("m,n,k", BIAS_SHAPES)
+def test_bias_equals_the_reference_bit_for_bit(ext, m, n, k):
+    """Every GEMM with a bias against hot.reference.ops.int_gemm_nt with that bias (the
+    contract of hot.common.ops.int_gemm_nt: the float32 bias added after the two scale
+    multiplications, before the one rounding into the output dtype), bit for bit."""
+    from hot.reference import ops as ref
+
+    for name, int4 in _kernels(ext):
+        for dtype in DTYPES:
+            gen = torch.Generator().manual_seed(m + 3 * n + 7 * k)
+            a, b, sa, sb, bias = _bias_operands(m, n, k, int4, dtype, gen)
+            out = _run_bias(ext, name, int4, a, b, sa, sb, dtype, bias)
+            exp = ref.int_gemm_nt(a, b, sa, sb, dtype, bias=bias)
+            assert out.dtype == dtype and out.shape == (m, n)
+            assert torch.equal(out, exp), f"{name} M={m} N={n} K={k} {dtype}: max |diff| " \
+                f"{(out.double() - exp.double()).abs().max().item()}"
+
+
+@pytest.mark.parametrize("m,n,k", [(256, 768, 1024), (37, 53, 1024)])
+def test_bias_with_k_in_chunks(ext, m, n, k):
+    """max_k = 256 splits K = 1024 into four chunks: the float32 partials are summed in chunk
+    order, the bias added once to that sum, then one rounding (hot/fast/_ext.py's contract),
+    bit for bit; a bias added to each chunk would be counted four times."""
+    for name, int4 in _kernels(ext):
+        for dtype in DTYPES:
+            gen = torch.Generator().manual_seed(m + n + k)
+            a, b, sa, sb, bias = _bias_operands(m, n, k, int4, dtype, gen)
+            out = _run_bias(ext, name, int4, a, b, sa, sb, dtype, bias, max_k=256)
+            assert torch.equal(out, _expected(a, b, sa, sb, dtype, chunk=256, bias=bias)), \
+                f"{name} M={m} N={n} {dtype}"
 
 
 def test_scales_in_place_and_copied(ext):
