@@ -51,11 +51,19 @@ luq_quantize(x (R, C), HQArgs) -> Quantized(q (R, C), scale (R|1, 1))
     (|x| / e - 2^k) / 2^k, else 2^k (unbiased rounding between powers of two); E[q * e] = x.
     Round to nearest (stochastic=False) takes the nearer of the two. The default implements it.
 
-int_gemm_nt(a (M, K), b (N, K), sa (M|1, 1), sb (N|1, 1), out_dtype) -> (M, N)
-    (a @ b^T) * sa * sb^T, with the integer products accumulated exactly. Degenerate products
-    (M, N or K of 0 or 1: one token, a one-output head, HLA rank 1 on 16 tokens or fewer) always
-    run the default implementation, whatever the backend: integer GEMM kernels and libraries
-    assume tiles and alignments such shapes do not have (``degenerate_gemm``).
+int_gemm_nt(a (M, K), b (N, K), sa (M|1, 1), sb (N|1, 1), out_dtype, bias (N,) | None) -> (M, N)
+    (a @ b^T) * sa * sb^T + bias, with the integer products accumulated exactly. For int8 codes,
+        out[m, n] = cvt(((float32(sum_k a[m, k] b[n, k]) * sa[m]) * sb[n]) + bias[n])
+    each float32 operation rounded to nearest in this order and cvt one rounding to nearest
+    into out_dtype; bias=None drops the addition. The bias is a float32 vector of N values on
+    a's device (else ValueError: check_bias): the quantized forward passes its layer's bias
+    (under autocast already cast to the autocast dtype, as nn.Linear's is) widened to float32,
+    so the epilogue adds it before the single rounding of the result and no pass of its own
+    over the output is needed. Float operands (the default's): acc * sa * sb^T + bias in the float
+    dtype of the GEMM. Degenerate products (M, N or K of 0 or 1: one token, a one-output head,
+    HLA rank 1 on 16 tokens or fewer) always run the default implementation, with the bias,
+    whatever the backend: integer GEMM kernels and libraries assume tiles and alignments such
+    shapes do not have (``degenerate_gemm``).
 
 layer_backward(gy, wt, x_codes, hq, hla, hq_w, gx_dtype, gw_dtype, need_gb) -> LayerGrads | None
     One layer's HOT backward in one call, by definition exactly
@@ -189,7 +197,8 @@ def hla_fake(x: torch.Tensor, a: HLAArgs) -> Quantized:
         x.new_empty((_scale_rows(a.scale_mode, c), 1), dtype=torch.float32))
 
 
-def int_gemm_fake(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def int_gemm_fake(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype,
+                  bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
@@ -234,14 +243,30 @@ def degenerate_gemm(m: int, n: int, k: int) -> bool:
     return min(m, n, k) <= 1
 
 
+def check_bias(bias: Optional[torch.Tensor], n: int, device: torch.device) -> None:
+    """Raise ValueError unless ``bias`` is None or int_gemm_nt's bias for N = ``n`` output
+    columns on ``device``: a 1-D float32 tensor of n elements there."""
+    if bias is None:
+        return
+    if bias.dim() == 1 and bias.shape[0] == n and bias.dtype == torch.float32 \
+            and bias.device == torch.device(device):
+        return
+    raise ValueError(
+        f"int_gemm_nt: bias must be a 1-D float32 tensor of N = {n} elements (one per output "
+        f"column) on {device}, got shape {tuple(bias.shape)}, dtype {bias.dtype} on "
+        f"{bias.device}; pass a layer's bias as b.to(torch.float32).reshape({n}) on {device}")
+
+
 def int_gemm_nt(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
-                out_dtype: torch.dtype, backend: str) -> torch.Tensor:
+                out_dtype: torch.dtype, backend: str,
+                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"int_gemm_nt: K differs: a {tuple(a.shape)} vs b {tuple(b.shape)}")
+    check_bias(bias, b.shape[0], a.device)
     integer = a.dtype == torch.int8 and b.dtype == torch.int8
     name = backend if integer and not degenerate_gemm(a.shape[0], b.shape[0], a.shape[1]) \
         and out_dtype != torch.float64 else DEFAULT
-    return implementation("int_gemm_nt", name)(a, b, sa, sb, out_dtype)
+    return implementation("int_gemm_nt", name)(a, b, sa, sb, out_dtype, bias=bias)
 
 
 def layer_backward(gy: torch.Tensor, wt: torch.Tensor, x_codes: Quantized, hq: HQArgs,

@@ -1,5 +1,6 @@
 """int_gemm_nt on the GPU: dispatch by architecture to CUTLASS (hot.fast._ext, when built) or the
-Triton int8 kernel; the result is (a @ b^T) * sa * sb^T with the integer products summed exactly.
+Triton int8 kernel; the result is (a @ b^T) * sa * sb^T (+ bias, added in float32 before the one
+rounding into the output dtype) with the integer products summed exactly.
 
 sm_90 (Hopper): int8 wgmma for both GEMMs (Hopper has no int4 tensor cores; int4-valued codes
     travel in int8 containers). CUTLASS SM90 when built, else Triton (which emits wgmma).
@@ -55,8 +56,9 @@ def _tuned():
     return triton.autotune(_configs(), key=["M", "N", "K", "SPLIT_K_ELEMS"])(int8_gemm_nt_kernel)
 
 
-def triton_int8_gemm_nt(a, b, sa, sb, out_dtype, split_k: int | None = None):
-    """The Triton path for int8 a (M, K), b (N, K); ``split_k`` overrides the chunk (tests)."""
+def triton_int8_gemm_nt(a, b, sa, sb, out_dtype, split_k: int | None = None, bias=None):
+    """The Triton path for int8 a (M, K), b (N, K) and an optional float32 bias (N,) added in
+    the epilogue; ``split_k`` overrides the chunk (tests)."""
     from .kernels.gemm import int8_gemm_nt_kernel
 
     m, k = a.shape
@@ -65,20 +67,25 @@ def triton_int8_gemm_nt(a, b, sa, sb, out_dtype, split_k: int | None = None):
     ska = split_k if split_k is not None else split_k_elems(k)
     sa = sa.to(torch.float32)
     sb = sb.to(torch.float32)
-    args = (a, b, sa, sb, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+    has_bias = bias is not None
+    # Without a bias the kernel never reads its pointer: sa stands in for it.
+    bias = bias.to(torch.float32) if has_bias else sa
+    args = (a, b, sa, sb, bias, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             sa.stride(0) if sa.shape[0] > 1 else 0, sb.stride(0) if sb.shape[0] > 1 else 0,
-            out.stride(0), out.stride(1))
+            bias.stride(0) if has_bias else 0, out.stride(0), out.stride(1))
+    # The spec rounds (acc * sa) * sb and the bias addition separately: no FMA contraction.
+    launch = dict(HAS_BIAS=has_bias, enable_fp_fusion=False)
     if options().interpret or a.device.type != "cuda":
         bk = 32
         grid = ((m + 15) // 16 * ((n + 15) // 16),)
         int8_gemm_nt_kernel[grid](*args, BLOCK_M=16, BLOCK_N=16, BLOCK_K=bk, GROUP_M=2,
-                                  SPLIT_K_ELEMS=ska)
+                                  SPLIT_K_ELEMS=ska, **launch)
         return out
     if options().autotune:
         kern = _tuned()
         grid = lambda meta: (((m + meta["BLOCK_M"] - 1) // meta["BLOCK_M"])  # noqa: E731
                              * ((n + meta["BLOCK_N"] - 1) // meta["BLOCK_N"]),)
-        kern[grid](*args, SPLIT_K_ELEMS=ska)
+        kern[grid](*args, SPLIT_K_ELEMS=ska, **launch)
         return out
     # One fixed configuration by default, like the quantizers: autotuning compiles and times 5
     # configurations for every new (M, N, K), which a training run meets at every layer shape
@@ -86,7 +93,7 @@ def triton_int8_gemm_nt(a, b, sa, sb, out_dtype, split_k: int | None = None):
     bm, bn, bk, w, st = _FIXED_GEMM
     grid = ((m + bm - 1) // bm * ((n + bn - 1) // bn),)
     int8_gemm_nt_kernel[grid](*args, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-                              SPLIT_K_ELEMS=ska, num_warps=w, num_stages=st)
+                              SPLIT_K_ELEMS=ska, num_warps=w, num_stages=st, **launch)
     return out
 
 
@@ -120,22 +127,25 @@ def cutlass_operand_ok(t: torch.Tensor, k_mult: int = 16) -> bool:
             and t.data_ptr() % 16 == 0)
 
 
-def int_gemm_nt(a, b, sa, sb, out_dtype):
-    """int8 codes on a GPU (or the interpreter); the op layer hands every other case to the
-    reference."""
+def int_gemm_nt(a, b, sa, sb, out_dtype, bias=None):
+    """int8 codes on a GPU (or the interpreter), with an optional float32 bias (N,) that every
+    path adds in its epilogue, before the one rounding into out_dtype; the op layer hands every
+    other case to the reference."""
+    if bias is not None:
+        bias = bias.to(torch.float32).contiguous()
     if a.device.type != "cuda":
-        return triton_int8_gemm_nt(a, b, sa, sb, out_dtype)
+        return triton_int8_gemm_nt(a, b, sa, sb, out_dtype, bias=bias)
     path = gemm_path(a, b)
     sa32 = sa.to(torch.float32).contiguous()
     sb32 = sb.to(torch.float32).contiguous()
     if path == "cutlass_sm90_s8":
-        return _ext.gemm_s8s8_sm90(a, b, sa32, sb32, out_dtype)
+        return _ext.gemm_s8s8_sm90(a, b, sa32, sb32, out_dtype, bias=bias)
     if path == "cutlass_sm80_s4":
         return _ext.gemm_s4s4_sm80(_ext.pack_int4(a, False), _ext.pack_int4(b, False), sa32,
-                                   sb32, out_dtype)
+                                   sb32, out_dtype, bias=bias)
     if path == "cutlass_sm80_s8":
-        return _ext.gemm_s8s8_sm80(a, b, sa32, sb32, out_dtype)
-    return triton_int8_gemm_nt(a, b, sa, sb, out_dtype)
+        return _ext.gemm_s8s8_sm80(a, b, sa32, sb32, out_dtype, bias=bias)
+    return triton_int8_gemm_nt(a, b, sa, sb, out_dtype, bias=bias)
 
 
 def gemm_path(a, b) -> str:

@@ -260,7 +260,8 @@ def offloads(cfg, exact: bool, x: torch.Tensor) -> bool:
 def _forward_gemm(plan: LayerPlan, rows: torch.Tensor, w2d: torch.Tensor,
                   b: Optional[torch.Tensor], codes: bool
                   ) -> tuple[torch.Tensor, Optional[ops.Quantized]]:
-    """The quantized forward GEMM on ``rows`` (hot.nn.forward) and, with ``codes``, ABC's codes
+    """The quantized forward GEMM on ``rows`` (hot.nn.forward), y = rows W^T + b with the bias
+    added in int_gemm_nt's epilogue (no add after the operator), and, with ``codes``, ABC's codes
     of rows from the same pass where one pass can form both: no sequence padding and no
     delayed history (else None: _abc_outputs forms them)."""
     return quantized_gemm(plan.config.forward, rows, w2d, b, plan.backend,
@@ -468,23 +469,6 @@ class CallFlags(NamedTuple):
     offload: bool  # the ABC codes are kept in host memory (HLAConfig.abc "offload")
 
 
-def _bias_inside(b: Optional[torch.Tensor], f: CallFlags) -> Optional[torch.Tensor]:
-    """The bias the forward operator adds: none with a quantized forward. int_gemm_nt's epilogue
-    takes no bias, so inside the operator it would be one more pass over y; added after it
-    (_bias_after), in traced code, a compiler fuses the add into y's consumer (the activation,
-    the residual add, the reshape of q/k/v)."""
-    return None if f.qfwd else b
-
-
-def _bias_after(out: tuple, b: Optional[torch.Tensor], f: CallFlags, trailing: int) -> tuple:
-    """``out`` with the bias the operator left out (_bias_inside) added to its y, broadcast
-    over y's ``trailing`` dimensions after the channels; the same values as the add inside."""
-    if not f.qfwd or b is None:
-        return out
-    y = out[0]
-    return (y + b.to(y.dtype).reshape(-1, *(1,) * (trailing - 1)), *out[1:])
-
-
 class LinearFn(torch.autograd.Function):
     """hot::linear_fwd with its backward (hot::layer_bwd)."""
 
@@ -494,13 +478,12 @@ class LinearFn(torch.autograd.Function):
     def forward(ctx, x2d, w, b, key, f: CallFlags, src: int = 0, token: Optional[tuple] = None):
         if src:  # x's codes from hot::x_codes of the group source ``src`` (_codes_source)
             xq, xs, q, s, step = _shared_x_codes(x2d, src, f, token)
-            out = (_call(coded_fwd, _coded_fwd, x2d, w, _bias_inside(b, f), xq, xs, key,
-                         *f[1:]), q, s, step)
+            out = (_call(coded_fwd, _coded_fwd, x2d, w, b, xq, xs, key, *f[1:]), q, s, step)
         else:
-            out = _call(linear_fwd, _linear_fwd, x2d, w, _bias_inside(b, f), key, *f[1:])
+            out = _call(linear_fwd, _linear_fwd, x2d, w, b, key, *f[1:])
         _setup_common(ctx, out, x2d, w if f.need_gx else None, key, f, x2d.shape[1], x2d.dtype,
                       w.dtype, b is not None, src)
-        return _bias_after(out, b, f, 1)
+        return out
 
     @staticmethod
     @_first_order
@@ -521,6 +504,8 @@ def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: 
     with no_autocast(x.device.type):
         rows = codes = None
         if qfwd:  # the GEMM over the patches; its output (rows, O) as (B, O, Ho, Wo)
+            # The bias of output channel o is the GEMM's column bias of column o: its epilogue
+            # adds it, once, before the layout change.
             rows = patches(x, w.shape[-2:], stride, padding, dilation)
             y2d, codes = _forward_gemm(plan, rows, w.reshape(w.shape[0], -1), b,
                                        need_gw and not recompute)
@@ -577,14 +562,13 @@ class ConvFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, b, key, stride, padding, dilation, f: CallFlags):
-        out = _call(conv_fwd, _conv_fwd, x, w, _bias_inside(b, f), key, stride, padding,
-                    dilation, *f[1:])
+        out = _call(conv_fwd, _conv_fwd, x, w, b, key, stride, padding, dilation, *f[1:])
         # while exact, the patches (in q's place) are what backward needs of x
         _setup_common(ctx, out, None if f.exact else x, w.reshape(w.shape[0], -1) if f.need_gx
                       else None, key, f, w[0].numel(), x.dtype, w.dtype, b is not None)
         ctx.geom = (tuple(stride), tuple(padding), tuple(dilation))
         ctx.x_shape, ctx.w_shape = tuple(x.shape), tuple(w.shape)
-        return _bias_after(out, b, f, 3)
+        return out
 
     @staticmethod
     @_first_order

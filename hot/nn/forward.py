@@ -6,10 +6,14 @@ For a layer y = x W^T + b with tokens flattened to rows (x: L x I, W: O x I) and
 
     q_x, s_x = hq_quantize(x)     per-token scales, round to nearest, 8 bits   (L x I16)
     q_w, s_w = hq_quantize(W)     per-output-channel scales, the same          (O x I16)
-    y        = int_gemm_nt(q_x, q_w, s_x, s_w) + b
+    y        = int_gemm_nt(q_x, q_w, s_x, s_w, bias=float32(b))
+             = cvt(((float32(q_x q_w^T) * s_x) * s_w^T) + float32(b))
 
 Both scales are constant along the contracted dimension I, so the integer GEMM applies them in
-its epilogue (the same operations, kernels and GEMM as the backward's g_x path). Where the
+its epilogue (the same operations, kernels and GEMM as the backward's g_x path), and the bias
+with them: added in float32 before the one rounding into y's dtype, it needs no pass of its own
+over y. The bias enters as the layer passes it (under autocast cast to the autocast dtype, as
+nn.Linear's is), widened to float32. Where the
 forward also keeps ABC's codes of x, one pass over x forms both (``gy_quantize``: by definition
 the pair of hq_quantize and hla_quantize), so x is read once. docs/algorithm.md §5b gives the
 error this adds. The backward is the exact product's (straight-through): nothing here changes
@@ -61,10 +65,10 @@ def row_codes(mode: str, rows: torch.Tensor, backend: str, abc: Optional[HLAArgs
 
 def coded_gemm(mode: str, qx: Quantized, w2d: torch.Tensor, b: Optional[torch.Tensor],
                backend: str, dtype: torch.dtype) -> torch.Tensor:
-    """y = x W^T + b from x's codes ``qx`` (row_codes) and W's, in ``dtype``."""
+    """y = x W^T + b from x's codes ``qx`` (row_codes) and W's, in ``dtype``: the bias, in
+    float32, is added by int_gemm_nt's epilogue before the single rounding of y (no pass of its
+    own over y, and no conversion of a float32 parameter)."""
     qw = ops.hq_quantize(w2d, forward_args(mode), backend)
-    y = ops.int_gemm_nt(qx.q, qw.q, qx.scale, qw.scale, dtype, backend)
-    if b is not None:  # int_gemm_nt's epilogue takes no bias: one more pass over y (HOT's
-        y.add_(b.to(y.dtype))  # Functions add it after the operator instead, where it fuses)
-    return y
+    bias = b.to(torch.float32) if b is not None else None
+    return ops.int_gemm_nt(qx.q, qw.q, qx.scale, qw.scale, dtype, backend, bias=bias)
 

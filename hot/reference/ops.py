@@ -157,15 +157,24 @@ def _int_product_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return acc.to(torch.float32)
 
 
-def int_gemm_nt(a, b, sa, sb, out_dtype):
-    """(a @ b^T) * sa * sb^T. Integer codes: the exact integer product rounded once to float32
-    (``_int_product``), then scaled in float32; float operands: a float GEMM."""
+def int_gemm_nt(a, b, sa, sb, out_dtype, bias=None):
+    """(a @ b^T) * sa * sb^T + bias. Integer codes: exactly
+        out[m, n] = cvt(((float32(sum_k a[m, k] b[n, k]) * sa[m]) * sb[n]) + bias[n])
+    with the exact integer product rounded once to float32 (``_int_product``), each float32
+    operation rounded to nearest in this order (the kernels' epilogue order) and cvt one
+    rounding into out_dtype: the bias (float32, N values; hot.common.ops.check_bias) is added
+    before the single rounding of the result. Float operands: a float GEMM, acc * sa * sb^T +
+    bias in its dtype (float64 when an operand is, else float32). bias=None adds nothing."""
     if a.dtype == torch.int8 and b.dtype == torch.int8:
         out = _int_product(a, b).mul_(sa).mul_(sb.t())  # (acc * sa) * sb^T, the kernels' order
+        if bias is not None:
+            out.add_(bias.to(torch.float32))  # in float32, before the one rounding below
     else:
         dt = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
         acc = a.to(dt) @ b.to(dt).t()
         out = acc * sa.to(dt) * sb.to(dt).t()
+        if bias is not None:
+            out.add_(bias.to(dt))
     return out.to(out_dtype)
 
 

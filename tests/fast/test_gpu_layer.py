@@ -54,8 +54,8 @@ class _Recorder:
         for name in _OPS:
             orig = self.orig[name] = getattr(ops, name)
 
-            def wrap(*a, _orig=orig, _name=name):
-                out = _orig(*a)
+            def wrap(*a, _orig=orig, _name=name, **kw):  # kw: int_gemm_nt's bias=
+                out = _orig(*a, **kw)
                 self.calls.append((_name, out, a))
                 return out
 

@@ -14,6 +14,7 @@ product's: with the same seeds its gradients equal those of the exact forward bi
 from __future__ import annotations
 
 import copy
+import operator
 
 import pytest
 import torch
@@ -158,18 +159,22 @@ def test_inference_runs_the_exact_forward():
     assert not torch.equal(lin(x).detach(), ref)
 
 
+def _make(kind):
+    """A converted-to-be layer followed by GELU, and an input for it."""
+    if kind == "linear":
+        return (lambda: nn.Sequential(nn.Linear(32, 48), nn.GELU())), torch.randn(24, 32)
+    return (lambda: nn.Sequential(nn.Conv2d(16, 32, 3), nn.GELU())), torch.randn(2, 16, 6, 6)
+
+
 @pytest.mark.parametrize("kind", ["linear", "conv"])
-def test_bias_is_added_after_the_operator(kind):
-    """With a quantized forward the bias is added after hot::linear_fwd / hot::conv_fwd, in the
-    traced graph (so a compiler fuses it into y's consumer instead of a pass of its own over y),
-    and the outputs and gradients are those of the bias added inside, bit for bit."""
+def test_bias_goes_into_the_operator(kind):
+    """With a quantized forward the bias is an argument of hot::linear_fwd / hot::conv_fwd (the
+    GEMM's epilogue adds it) and the operator's y is the Function's output: nothing is added
+    after it in the traced graph. Compiled equals eager, outputs and gradients."""
     from hot.nn import autograd as ag
 
     torch.manual_seed(0)
-    if kind == "linear":
-        make, x = (lambda: nn.Sequential(nn.Linear(32, 48), nn.GELU())), torch.randn(24, 32)
-    else:
-        make, x = (lambda: nn.Sequential(nn.Conv2d(16, 32, 3), nn.GELU())), torch.randn(2, 16, 6, 6)
+    make, x = _make(kind)
     cfg = hot.HOTConfig.quantized().replace(seed=3)
     a, b = _pair(make, cfg, cfg)
     graphs = []
@@ -185,21 +190,73 @@ def test_bias_is_added_after_the_operator(kind):
     # the Function's forward is a subgraph of dynamo's graph (autograd_function_apply)
     calls = [n for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
              for n in m.graph.nodes if n.target in (op, op.overloadpacket)]
-    assert calls and all(n.args[2] is None for n in calls)
-    # the same values as the bias added inside the operator (its body, called with the bias)
-    layer = a[0]
-    flags = ag._flags(layer, x, layer.weight, 0, None)
-    with torch.no_grad():  # as inside the Function's forward
-        inside = _body_with_bias(ag, kind, layer, x, flags)
-    assert torch.equal(torch.nn.functional.gelu(inside), ya)
+    assert len(calls) == 1
+    bias = calls[0].args[2]
+    assert isinstance(bias, torch.fx.Node) and bias.op == "placeholder" and "bias" in bias.name
+    y_nodes = [u for u in calls[0].users if u.target is operator.getitem and u.args[1] == 0]
+    assert len(y_nodes) == 1 and [u.op for u in y_nodes[0].users] == ["output"]
     ga, gb = _grads(a, x, torch.ones_like(ya)), _grads(cb, x, torch.ones_like(yb))
     for u, v in zip(ga, gb):
         torch.testing.assert_close(u, v, rtol=0, atol=0)
 
 
-def _body_with_bias(ag, kind, layer, x, flags):
-    """The forward operator's body called with the layer's bias (added inside, as before)."""
+def _layer_product(kind, layer, x):
+    """The quantized forward's float32 product before the bias, from its operations (per-token
+    and per-output-channel HQ codes, round to nearest, then the reference GEMM), (N, O, Ho, Wo)
+    for a conv: y = cvt(product + float32(bias))."""
+    from hot.common import ops
+    from hot.nn.forward import forward_args
+    from hot.reference import ops as ref
+
+    w = layer.weight.detach()
     if kind == "linear":
-        return ag._linear_fwd(x, layer.weight, layer.bias, layer._hot_key, *flags[1:])[0]
-    geom = [list(g) for g in layer._geom()]
-    return ag._conv_fwd(x, layer.weight, layer.bias, layer._hot_key, *geom, *flags[1:])[0]
+        rows = x
+    else:  # F.unfold's rows (b, oh, ow) and columns (c, i, j)
+        rows = torch.nn.functional.unfold(x, w.shape[-2:]).transpose(1, 2).reshape(-1, w[0].numel())
+    a = forward_args("int8")
+    qx = ops.hq_quantize(rows, a, "reference")
+    qw = ops.hq_quantize(w.reshape(w.shape[0], -1), a, "reference")
+    p = ref.int_gemm_nt(qx.q, qw.q, qx.scale, qw.scale, torch.float32)
+    if kind == "conv":
+        ho, wo = x.shape[2] - w.shape[2] + 1, x.shape[3] - w.shape[3] + 1
+        p = p.reshape(x.shape[0], ho, wo, -1).permute(0, 3, 1, 2)
+    return p
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_quantized_output_adds_the_bias_before_the_one_rounding(kind):
+    """Under bfloat16 autocast (CPU, the reference backend): y = bf16(P + b_d), P the float32
+    product of the codes (scaled) and b_d the bias as autocast casts it (to bfloat16, as for
+    nn.Linear), i.e. the bias added in the GEMM's epilogue, in float32, before the single
+    rounding of y. Bit for bit, and different somewhere from adding the bias after rounding y
+    (old = bf16(bf16(P) + b_d), the order of an add after the operator), so a return to that
+    order fails."""
+    torch.manual_seed(0)
+    make, x = _make(kind)
+    x = x * 3
+    layer = hot.convert(make(), hot.HOTConfig.quantized().replace(seed=3), convert_head=True,
+                        backend="reference")[0]
+    with torch.no_grad():  # make the bias as large as the products: its rounding order shows
+        layer.bias.normal_(0, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    y = y.detach().float()
+    p = _layer_product(kind, layer, x.to(torch.bfloat16))
+    shape = (-1,) + (1,) * (p.dim() - 2)  # the bias per output channel (dimension 1)
+    b_d = layer.bias.detach().to(torch.bfloat16).reshape(shape)
+    assert torch.equal(y, (p + b_d.float()).to(torch.bfloat16).float())
+    old = (p.to(torch.bfloat16) + b_d).float()
+    assert (y != old).any()  # the order shows in these outputs
+
+
+def test_float32_quantized_output_is_unchanged_by_the_bias_order():
+    """In float32 the bias added before the rounding into y's dtype and after it are the same
+    operation, rn32(P + b): the layer's output is P + b, one float32 addition."""
+    torch.manual_seed(0)
+    make, x = _make("linear")
+    layer = hot.convert(make(), hot.HOTConfig.quantized().replace(seed=3), convert_head=True,
+                        backend="reference")[0]
+    y = layer(x).detach()
+    p = _layer_product("linear", layer, x)
+    assert torch.equal(y, p + layer.bias.detach())

@@ -173,6 +173,85 @@ def test_int_gemm_nt_float_operands_float64():
     torch.testing.assert_close(out, a @ b.T, atol=TOL, rtol=0)
 
 
+def _bias_tie_case():
+    """Codes, scales and a bias where the bias must be added before the one rounding: out[0, 0]
+    = (257 * 2^-8) * 1 = 1 + 2^-8 exactly in float32, a tie between the bfloat16 neighbours 1
+    and 1 + 2^-7 (rounded to even: 1), and bias[0] = -1. Adding the bias to the float32 result
+    gives 2^-8 (exact in bfloat16); rounding first and then adding the bias gives 0."""
+    a = torch.zeros(2, 16, dtype=torch.int8)
+    a[0, :3] = torch.tensor([127, 127, 3], dtype=torch.int8)  # 257 against b's row of ones
+    a[1] = torch.arange(-8, 8, dtype=torch.int8)
+    b = torch.ones(3, 16, dtype=torch.int8)
+    b[1] = -2
+    b[2, ::2] = 5
+    sa = torch.tensor([[2.0 ** -8], [0.75]])
+    sb = torch.tensor([[1.0], [0.3], [1.7]])
+    bias = torch.tensor([-1.0, 0.1, -3.3])
+    return a, b, sa, sb, bias
+
+
+def test_int_gemm_nt_adds_the_bias_before_the_one_rounding():
+    a, b, sa, sb, bias = _bias_tie_case()
+    acc = (a.long() @ b.long().T).to(torch.float32)
+    f32 = acc.mul(sa).mul(sb.T)  # the float32 result before the bias
+    assert f32[0, 0].item() == 1 + 2 ** -8
+    out = ops.int_gemm_nt(a, b, sa, sb, torch.bfloat16, "reference", bias=bias)
+    assert torch.equal(out, (f32 + bias).to(torch.bfloat16))
+    assert out[0, 0].item() == 2 ** -8
+    # the order the bias had when it was added after the GEMM: a different value
+    old = f32.to(torch.bfloat16) + bias.to(torch.bfloat16)
+    assert old[0, 0].item() == 0.0
+    assert torch.equal(ref.int_gemm_nt(a, b, sa, sb, torch.float32, bias=bias), f32 + bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_int_gemm_nt_bias_is_float32_then_one_rounding(dtype):
+    """Random codes: out = cvt(((float32(acc) * sa) * sb) + bias), each float32 operation
+    rounded in this order; bias=None is the result without the addition, bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randint(-127, 128, (33, 48), generator=g, dtype=torch.int8)
+    b = torch.randint(-127, 128, (21, 48), generator=g, dtype=torch.int8)
+    sa = torch.rand(33, 1, generator=g) * 1e-2 + 1e-3
+    sb = torch.rand(21, 1, generator=g) * 1e-2 + 1e-3
+    bias = (torch.randn(21, generator=g) * 3).to(dtype).to(torch.float32)
+    acc = (a.long() @ b.long().T).to(torch.float32)
+    f32 = (acc * sa) * sb.T
+    out = ops.int_gemm_nt(a, b, sa, sb, dtype, "reference", bias=bias)
+    assert out.dtype == dtype and torch.equal(out, (f32 + bias).to(dtype))
+    assert torch.equal(ops.int_gemm_nt(a, b, sa, sb, dtype, "reference"), f32.to(dtype))
+    assert torch.equal(ref.int_gemm_nt(a, b, sa, sb, dtype, bias=None), f32.to(dtype))
+    if dtype != torch.float32:  # rounding first, then adding, moves some outputs by an ulp
+        assert not torch.equal(out, f32.to(dtype) + bias.to(dtype))
+
+
+def test_int_gemm_nt_float_operands_add_the_bias_in_their_dtype():
+    a, b = _x(5, 16, 3), _x(6, 16, 4)
+    sa, sb = torch.full((5, 1), 0.5), torch.ones(1, 1)
+    bias = torch.randn(6)
+    out = ops.int_gemm_nt(a, b, sa, sb, torch.float64, "reference", bias=bias)
+    torch.testing.assert_close(out, (a @ b.T) * 0.5 + bias.double(), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("bad,why", [
+    (torch.ones(4), "shape \\(4,\\)"),                       # N is 3
+    (torch.ones(1, 3), "shape \\(1, 3\\)"),                  # 2-D
+    (torch.ones(3, 1), "shape \\(3, 1\\)"),
+    (torch.ones(3, dtype=torch.bfloat16), "dtype torch.bfloat16"),
+    (torch.ones(3, dtype=torch.float64), "dtype torch.float64"),
+    (torch.ones(3, device="meta"), "on meta"),                  # another device
+])
+@pytest.mark.parametrize("backend", ["reference", "fast"])
+def test_int_gemm_nt_rejects_a_bad_bias(bad, why, backend):
+    import hot.fast  # noqa: F401  (registers its implementations)
+
+    a = torch.ones(4, 16, dtype=torch.int8)
+    b = torch.ones(3, 16, dtype=torch.int8)
+    with pytest.raises(ValueError, match=f"int_gemm_nt: bias must be a 1-D float32 tensor of "
+                       f"N = 3 elements .* on cpu, got .*{why}.*b.to\\(torch.float32\\)"):
+        ops.int_gemm_nt(a, b, torch.ones(4, 1), torch.ones(3, 1), torch.float32, backend,
+                        bias=bad)
+
+
 @pytest.mark.parametrize("bits", [0, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_declared_shapes_match_every_implementation(bits, dtype):
@@ -190,9 +269,11 @@ def test_declared_shapes_match_every_implementation(bits, dtype):
                 assert g.shape == w.shape and g.dtype == w.dtype, (backend, g.shape, w.shape)
     a = torch.randint(-7, 8, (4, 32), dtype=torch.int8)
     b = torch.randint(-7, 8, (3, 32), dtype=torch.int8)
-    out = ops.int_gemm_nt(a, b, torch.ones(4, 1), torch.ones(1, 1), torch.float32, "reference")
-    fake = ops.int_gemm_fake(a, b, torch.float32)
-    assert out.shape == fake.shape and out.dtype == fake.dtype
+    for dt, bias in ((torch.float32, None), (torch.bfloat16, torch.ones(3))):
+        out = ops.int_gemm_nt(a, b, torch.ones(4, 1), torch.ones(1, 1), dt, "reference",
+                              bias=bias)
+        fake = ops.int_gemm_fake(a, b, dt, bias=bias)
+        assert out.shape == fake.shape and out.dtype == fake.dtype
 
 
 def test_gy_quantize_is_one_operation_on_a_backend_without_a_fused_pass(monkeypatch):
@@ -244,15 +325,18 @@ _SIZES = (0, 1, 2, 17)
 def test_int_gemm_nt_is_exact_on_degenerate_shapes(m, n, k):
     """One token, a one-output head, HLA rank 1 on 16 tokens or fewer: M, N or K of 0 or 1.
     torch._int_mm on the CPU returns uninitialised values for K = 1 (N >= 2); the result must
-    still be the int64 product, scaled."""
+    still be the int64 product, scaled, plus the bias where one is given."""
     g = torch.Generator().manual_seed(100 * m + 10 * n + k)
     a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
     b = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
     sa, sb = torch.rand(m, 1, generator=g) + 0.5, torch.rand(n, 1, generator=g) + 0.5
+    bias = torch.randn(n, generator=g) * 50
     exact = (a.to(torch.int64) @ b.to(torch.int64).T).to(torch.float32)
     assert torch.equal(ref._int_product(a, b), exact)
     out = ops.int_gemm_nt(a, b, sa, sb, torch.float32, "reference")
     assert torch.equal(out, exact.mul(sa).mul(sb.T))
+    out = ops.int_gemm_nt(a, b, sa, sb, torch.float32, "reference", bias=bias)
+    assert torch.equal(out, exact.mul(sa).mul(sb.T).add(bias))
 
 
 def test_int32_chunks_never_leave_a_one_column_chunk(monkeypatch):
@@ -273,8 +357,8 @@ def test_degenerate_products_run_the_default_on_every_backend(monkeypatch):
     implementation whatever the backend, and layer_backward declines such a layer (its
     operations then go through int_gemm_nt)."""
     calls = []
-    monkeypatch.setitem(ops._IMPLS["int_gemm_nt"], "probe",
-                        lambda *args: calls.append(args) or ref.int_gemm_nt(*args))
+    monkeypatch.setitem(ops._IMPLS["int_gemm_nt"], "probe", lambda *args, **kw:
+                        calls.append((args, kw)) or ref.int_gemm_nt(*args, **kw))
     monkeypatch.setitem(ops._IMPLS["layer_backward"], "probe",
                         lambda *args: pytest.fail("layer_backward on a degenerate GEMM"))
     one = torch.ones(1, 1)
@@ -282,10 +366,16 @@ def test_degenerate_products_run_the_default_on_every_backend(monkeypatch):
         a = torch.ones(m, k, dtype=torch.int8)
         b = torch.ones(n, k, dtype=torch.int8)
         ops.int_gemm_nt(a, b, one, one, torch.float32, "probe")
+        # the default gets the bias too
+        bias = torch.arange(n, dtype=torch.float32) + 0.5
+        out = ops.int_gemm_nt(a, b, one, one, torch.float32, "probe", bias=bias)
+        assert torch.equal(out, torch.full((m, n), float(k)) + bias)
     assert calls == []
-    ops.int_gemm_nt(torch.ones(2, 16, dtype=torch.int8), torch.ones(3, 16, dtype=torch.int8),
-                    one, one, torch.float32, "probe")
-    assert len(calls) == 1
+    bias = torch.tensor([0.25, -1.0, 3.0])
+    out = ops.int_gemm_nt(torch.ones(2, 16, dtype=torch.int8), torch.ones(3, 16, dtype=torch.int8),
+                          one, one, torch.float32, "probe", bias=bias)
+    assert len(calls) == 1 and calls[0][1]["bias"] is bias  # handed on as the keyword bias=
+    assert torch.equal(out, torch.full((2, 3), 16.0) + bias)
     hq = HQArgs(4, ScaleMode.ROW, False, 0)
     hla = HLAArgs(1, "lowpass", 8, ScaleMode.ROW, False, 0)
     codes = ops.Quantized(torch.ones(6, 1, dtype=torch.int8), torch.ones(6, 1))

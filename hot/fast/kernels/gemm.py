@@ -1,7 +1,10 @@
 """Triton int8 GEMM "NT" with the dequantizing epilogue of int_gemm_nt fused in.
 
-out[m, n] = float32(sum_k a[m, k] b[n, k]) * sa[m] * sb[n], cast to the output dtype; the same
-multiplication order as the reference, so the epilogue is bit-identical once the sum is exact.
+out[m, n] = cvt(((float32(sum_k a[m, k] b[n, k]) * sa[m]) * sb[n]) + bias[n]) with HAS_BIAS (a
+float32 vector of N values), without the addition otherwise: each float32 operation rounded to
+nearest in the reference's order and one rounding into the output dtype, so the epilogue is
+bit-identical once the sum is exact. The bias is added in the epilogue, before that rounding,
+rather than by a pass of its own over the output.
 
 The int32 accumulator overflows once K * max|a| * max|b| reaches 2^31 (K > 131072 for arbitrary
 int8 codes). With SPLIT_K_ELEMS > 0 the K loop runs in chunks of that many elements, each chunk
@@ -28,10 +31,10 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 
 @triton.jit
 def int8_gemm_nt_kernel(
-    a_ptr, b_ptr, sa_ptr, sb_ptr, o_ptr, M, N, K,
-    sam, sak, sbn, sbk, ssa, ssb, som, son,
+    a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, o_ptr, M, N, K,
+    sam, sak, sbn, sbk, ssa, ssb, sbias, som, son,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K_ELEMS: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K_ELEMS: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -65,5 +68,8 @@ def int8_gemm_nt_kernel(
     sa = tl.load(sa_ptr + rm * ssa, mask=rm < M, other=1.0)
     sb = tl.load(sb_ptr + rn * ssb, mask=rn < N, other=1.0)
     out = accf * sa[:, None] * sb[None, :]
+    if HAS_BIAS:  # once, after the whole K sum (the split-K chunks included)
+        bias = tl.load(bias_ptr + rn * sbias, mask=rn < N, other=0.0)
+        out = out + bias[None, :]
     tl.store(o_ptr + rm[:, None].to(tl.int64) * som + rn[None, :] * son,
              out.to(o_ptr.dtype.element_ty), mask=mmask & nmask)
