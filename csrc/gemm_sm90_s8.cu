@@ -6,14 +6,7 @@ namespace hot {
 namespace sm90 {
 
 size_t dispatch_plain(const GemmArgs& g, Kernel k, bool want_ws, const char** err) {
-  switch (k) {
-    case Kernel::kStreamK: return dispatch_type<CoopWide, cutlass::gemm::StreamKScheduler, false>(g, want_ws, err);
-    case Kernel::kCoopWide: return dispatch_type<CoopWide, cutlass::gemm::PersistentScheduler, false>(g, want_ws, err);
-    case Kernel::kPingRows: return dispatch_type<PingRows, cutlass::gemm::PersistentScheduler, false>(g, want_ws, err);
-    case Kernel::kPingCols: return dispatch_type<PingCols, cutlass::gemm::PersistentScheduler, false>(g, want_ws, err);
-  }
-  *err = "unknown kernel";
-  return 0;
+  return dispatch_kernel<false>(g, k, want_ws, err);
 }
 
 namespace {

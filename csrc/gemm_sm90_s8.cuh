@@ -225,10 +225,26 @@ inline size_t dispatch_type(const GemmArgs& g, bool want_ws, const char** err) {
   return 0;
 }
 
-// Each defined in its own translation unit: no bias (gemm_sm90_s8.cu, which also has the stream-K
-// kernel) or a bias (gemm_sm90_s8_bias.cu; the dispatch never picks kStreamK with a bias).
-size_t dispatch_plain(const GemmArgs& g, Kernel k, bool want_ws, const char** err);
-size_t dispatch_bias(const GemmArgs& g, Kernel k, bool want_ws, const char** err);
+// Kernel k with or without a bias; there is no stream-K kernel with a bias (the dispatch never
+// picks one). Instantiated once per translation unit: without a bias in gemm_sm90_s8.cu, with
+// one in gemm_sm90_s8_bias.cu.
+template <bool Bias>
+size_t dispatch_kernel(const GemmArgs& g, Kernel k, bool want_ws, const char** err) {
+  using Persistent = cutlass::gemm::PersistentScheduler;
+  switch (k) {
+    case Kernel::kStreamK:
+      if constexpr (!Bias) return dispatch_type<CoopWide, cutlass::gemm::StreamKScheduler, false>(g, want_ws, err);
+      break;
+    case Kernel::kCoopWide: return dispatch_type<CoopWide, Persistent, Bias>(g, want_ws, err);
+    case Kernel::kPingRows: return dispatch_type<PingRows, Persistent, Bias>(g, want_ws, err);
+    case Kernel::kPingCols: return dispatch_type<PingCols, Persistent, Bias>(g, want_ws, err);
+  }
+  *err = "gemm_s8s8_sm90: no such kernel";
+  return 0;
+}
+
+size_t dispatch_plain(const GemmArgs& g, Kernel k, bool want_ws, const char** err);  // gemm_sm90_s8.cu
+size_t dispatch_bias(const GemmArgs& g, Kernel k, bool want_ws, const char** err);   // gemm_sm90_s8_bias.cu
 
 }  // namespace sm90
 }  // namespace hot

@@ -6,14 +6,7 @@ namespace hot {
 namespace sm90 {
 
 size_t dispatch_bias(const GemmArgs& g, Kernel k, bool want_ws, const char** err) {
-  switch (k) {
-    case Kernel::kCoopWide: return dispatch_type<CoopWide, cutlass::gemm::PersistentScheduler, true>(g, want_ws, err);
-    case Kernel::kPingRows: return dispatch_type<PingRows, cutlass::gemm::PersistentScheduler, true>(g, want_ws, err);
-    case Kernel::kPingCols: return dispatch_type<PingCols, cutlass::gemm::PersistentScheduler, true>(g, want_ws, err);
-    case Kernel::kStreamK: break;
-  }
-  *err = "gemm_s8s8_sm90: no stream-K kernel with a bias";
-  return 0;
+  return dispatch_kernel<true>(g, k, want_ws, err);
 }
 
 }  // namespace sm90
