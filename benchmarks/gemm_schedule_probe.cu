@@ -1,13 +1,17 @@
-// Standalone probe (no torch): the SM90 int8 GEMM of csrc/gemm_sm90_s8.cu with other tile shapes
-// and kernel schedules, and with a bias in its epilogue, timed on the GEMM shapes of a ViT-B/16
-// step (batch 128: 25216 token rows). The epilogue is the extension's, out = bf16((acc * sa) * sb)
-// [+ bias]; each variant's output is checked against variant A's before it is timed.
+// Standalone probe (no torch): the SM90 int8 GEMM of csrc/gemm_sm90_s8.cuh with other tile
+// shapes, clusters and kernel schedules, and with a bias in its epilogue, timed on the forward and
+// g_x GEMM shapes of a ViT-B/16 step (batch 128: 25216 token rows) and a Llama-1b step (16 x 2048
+// rows). The epilogue is the extension's, out = bf16((acc * sa) * sb) [+ bias], except that the
+// bias is added here by a plain + (the extension adds by __fadd_rn, which keeps the product and
+// the sum two roundings); each variant's output is checked against variant A's (to 1e-2,
+// relative) before it is timed. Results: benchmarks/results/gemm_schedule_h100/.
 //
 //   nvcc -O3 -DNDEBUG --expt-relaxed-constexpr -std=c++17 -gencode arch=compute_90a,code=sm_90a \
 //        -I<cutlass>/include -I<cutlass>/tools/util/include gemm_schedule_probe.cu -o probe
-//   ./probe            (an H100 or H200; prints a table: median us of 50 timed runs per shape)
+//   ./probe            (an H100 or H200; prints a table: median us of 60 timed runs per shape)
 //
-// Operands rotate over enough buffers that each run reads them from DRAM, as a step's GEMMs do.
+// Operands rotate over 4 sets, more than the 50 MB L2 holds for every shape but the smallest, so
+// the runs read them mostly from DRAM, as a step's GEMMs do.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
