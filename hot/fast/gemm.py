@@ -128,11 +128,9 @@ def cutlass_operand_ok(t: torch.Tensor, k_mult: int = 16) -> bool:
 
 
 def int_gemm_nt(a, b, sa, sb, out_dtype, bias=None):
-    """int8 codes on a GPU (or the interpreter), with an optional float32 bias (N,) that every
-    path adds in its epilogue, before the one rounding into out_dtype; the op layer hands every
-    other case to the reference."""
-    if bias is not None:
-        bias = bias.to(torch.float32).contiguous()
+    """int8 codes on a GPU (or the interpreter), with an optional float32 bias (N,) added before
+    the one rounding into out_dtype (the op layer has checked it, ops.check_bias, and hands every
+    other case to the reference)."""
     if a.device.type != "cuda":
         return triton_int8_gemm_nt(a, b, sa, sb, out_dtype, bias=bias)
     path = gemm_path(a, b)
