@@ -323,9 +323,15 @@ def _abc_outputs_fake(w, rows, seq, rank, bits, row, recompute, draw, offload=Fa
     return q, s, _step_fake(w) if draw else _empty(rows)
 
 
+def _as(b: Optional[torch.Tensor], x: torch.Tensor) -> Optional[torch.Tensor]:
+    # A fake's bias in x's dtype: with a quantized forward the operator takes it as float32
+    # (_gemm_bias), and y comes out in x's dtype all the same.
+    return b.to(x.dtype) if b is not None else None
+
+
 def _linear_fwd_fake(x2d, w, b, key, need_gx, need_gw, exact, seq, rank, bits, row, recompute,
                      draw, qfwd, offload):
-    y = F.linear(x2d, w.to(x2d.dtype), b)
+    y = F.linear(x2d, w.to(x2d.dtype), _as(b, x2d))
     if need_gw and not exact:
         return (y, *_abc_outputs_fake(w, x2d, seq, rank, bits, row, recompute, draw, offload))
     return y, _empty(y), _empty(y), _empty(y)
@@ -392,7 +398,7 @@ def _coded_fwd(x2d: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], qx
 
 def _coded_fwd_fake(x2d, w, b, qx, sx, key, need_gx, need_gw, exact, seq, rank, bits, row,
                     recompute, draw, qfwd, offload):
-    return F.linear(x2d, w.to(x2d.dtype), b)
+    return F.linear(x2d, w.to(x2d.dtype), _as(b, x2d))
 
 
 coded_fwd = _def("coded_fwd(Tensor x2d, Tensor w, Tensor? b, Tensor qx, Tensor sx, int key, "
@@ -540,7 +546,7 @@ def conv_out_hw(x_shape, w_shape, stride, padding, dilation) -> tuple[int, int]:
 
 def _conv_fwd_fake(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank,
                    bits, row, recompute, draw, qfwd, offload):
-    y = F.conv2d(x, w.to(x.dtype), b, stride, padding, dilation)
+    y = F.conv2d(x, w.to(x.dtype), _as(b, x), stride, padding, dilation)
     if not need_gw:
         return y, _empty(y), _empty(y), _empty(y)
     if recompute and not exact:
@@ -813,11 +819,23 @@ def _flags(layer, x: torch.Tensor, w: torch.Tensor, seq: int,
                      draws_rows(cfg), quantizes_forward(cfg, exact), offloads(cfg, exact, x))
 
 
+def _gemm_bias(b: Optional[torch.Tensor], f: CallFlags) -> Optional[torch.Tensor]:
+    """The bias as the operator takes it: widened to float32 (exactly) where the forward GEMM is
+    quantized, whose epilogue adds a float32 bias (hot.nn.forward.coded_gemm). Widened here,
+    outside the opaque operator, torch.compile fuses it with autocast's cast of the bias into
+    one kernel, instead of the operator launching a conversion of its own in every layer; the
+    bias gradient flows back through both casts, as nn.Linear's does under autocast."""
+    if b is None or not f.qfwd or b.dtype == torch.float32:
+        return b
+    return b.to(torch.float32)
+
+
 def linear(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
            seq: int, origin: Optional[torch.Tensor] = None) -> torch.Tensor:
     """HOTLinear's forward (inputs validated and autocast-cast by the caller; ``origin``: the
     input autocast's cast made x from, where it made a copy)."""
     flags = _flags(layer, x, w, seq, math.prod(x.shape[:-1]) if origin is not None else None)
+    b = _gemm_bias(b, flags)
     source = _codes_source(layer, flags)
     src = source._hot_key if source is not None else 0
     token = None  # eagerly, what names x's codes for sibling layers' calls (_shared_x_codes):
@@ -839,5 +857,6 @@ def conv2d(layer, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], g
     if x_cast:  # the patches' rows: one per output position
         ho, wo = conv_out_hw(x.shape, w.shape, stride, padding, dilation)
         rows = x.shape[0] * ho * wo
-    return ConvFn.apply(x, w, b, layer._hot_key, stride, padding, dilation,
-                        _flags(layer, x, w, seq, rows))[0]
+    flags = _flags(layer, x, w, seq, rows)
+    return ConvFn.apply(x, w, _gemm_bias(b, flags), layer._hot_key, stride, padding, dilation,
+                        flags)[0]

@@ -200,6 +200,51 @@ def test_bias_goes_into_the_operator(kind):
         torch.testing.assert_close(u, v, rtol=0, atol=0)
 
 
+
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_autocast_bias_reaches_the_operator_as_float32(kind):
+    """Under bfloat16 autocast with a quantized forward the operator takes the bias as float32
+    (autocast's bfloat16 bias, widened outside the opaque operator so torch.compile fuses both
+    casts into one kernel): in the traced graph hot::linear_fwd / hot::conv_fwd's bias is a
+    float32 value computed from the parameter, not the parameter. Compiled equals eager, and the
+    bias gradient is autocast nn.Linear's: the column sums of g_y rounded to bfloat16, then
+    widened to the parameter's float32 (so every entry is a bfloat16 value)."""
+    from hot.nn import autograd as ag
+
+    torch._dynamo.reset()  # a fresh recompile budget: earlier tests of the process compiled too
+    torch.manual_seed(0)
+    make, x = _make(kind)
+    cfg = hot.HOTConfig.quantized().replace(seed=3)
+    a, b = _pair(make, cfg, cfg)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    cb = torch.compile(b, backend=capture, fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ya, yb = a(x), cb(x)
+    assert ya.dtype == torch.bfloat16 and torch.equal(ya, yb)
+    op = ag.linear_fwd if kind == "linear" else ag.conv_fwd
+    calls = [n for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
+             for n in m.graph.nodes if n.target in (op, op.overloadpacket)]
+    assert len(calls) == 1
+    bias = calls[0].args[2]
+    assert bias.meta["example_value"].dtype == torch.float32
+    g = torch.randn_like(ya)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ga = _grads(a, x, g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        gb = _grads(cb, x, g)
+    for u, v in zip(ga, gb):
+        torch.testing.assert_close(u, v, rtol=0, atol=0)
+    layer = a[0]
+    gbias = layer.bias.grad
+    assert gbias.dtype == torch.float32
+    assert torch.equal(gbias, gbias.to(torch.bfloat16).float())  # autocast's bf16 rounding
+    assert gbias.abs().sum() > 0
+
 def _layer_product(kind, layer, x):
     """The quantized forward's float32 product before the bias, from its operations (per-token
     and per-output-channel HQ codes, round to nearest, then the reference GEMM), (N, O, Ho, Wo)
