@@ -99,10 +99,10 @@ _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 _LIB = torch.library.Library("hot", "FRAGMENT")
 
 
-def _def(schema: str, fn, fake):
+def _def(schema: str, fn, fake, tags: tuple = ()):
     """Declare hot::<schema> with ``fn`` as its kernel on every device and ``fake`` for tracing."""
     name = schema.split("(", 1)[0]
-    _LIB.define(schema)
+    _LIB.define(schema, tags=tags)
     # Per device, not CompositeExplicitAutograd (which would also serve meta tensors: the body
     # reads live layer state and must never run while tracing).
     for key in ("CPU", "CUDA", "XPU", "MPS"):
@@ -766,7 +766,15 @@ layer_bwd = _def("layer_bwd(Tensor gy2d, Tensor? w2d, Tensor? saved0, Tensor? sa
                  "Tensor? fwd_step, int key, "
                  "int cfg_key, bool exact, int seq, bool need_gx, bool need_gw, bool need_gb, "
                  "int in_features, str x_dtype, str w_dtype, bool recompute) "
-                 "-> (Tensor, Tensor, Tensor)", _layer_bwd, _layer_bwd_fake)
+                 "-> (Tensor, Tensor, Tensor)", _layer_bwd, _layer_bwd_fake,
+                 # Inputs of any strides (the body reads strided g_y, as eager autograd may
+                 # hand it): torch.compile's default for a custom operator, exact strides, makes
+                 # inductor compute a g_y that reaches it as a view (qkv's: a reshape of the
+                 # permuted stack of the attention gradients) into a buffer of the view's shape,
+                 # indexed through 2-D offsets it cannot vectorize (2-byte loads: 124 against
+                 # 76 us on ViT-B's qkv, H100). Without a constraint it computes the producer in
+                 # its own layout, and the operator reads a view of that.
+                 tags=(torch.Tag.flexible_layout,))
 
 
 # ---------------------------------------------------------------- entry points of the layers

@@ -227,6 +227,54 @@ def test_inductor_matches_eager():
     assert _steps(mc) == [2, 2]
 
 
+
+class _QKV(nn.Module):
+    """A qkv projection whose g_y reaches hot::layer_bwd as a view of a permuted stack (of the
+    three heads' gradients), or, with ``transposed``, a loss whose g_y is a transposed tensor."""
+
+    def __init__(self, transposed: bool):
+        super().__init__()
+        self.qkv, self.transposed = nn.Linear(32, 96), transposed
+
+    def forward(self, x, c):
+        y = self.qkv(x)
+        if self.transposed:
+            return (y.transpose(-1, -2) * c.flatten()[:96].reshape(1, 96, 1)).sum()
+        q, k, v = y.reshape(x.shape[0], x.shape[1], 3, 2, 16).permute(2, 0, 3, 1, 4).unbind(0)
+        return (q * c[0]).sum() + (k * c[1]).sum() + (v * c[2]).sum()
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_layer_bwd_takes_g_y_as_the_graph_lays_it_out(transposed):
+    """hot::layer_bwd carries torch.Tag.flexible_layout: inductor passes g_y as the graph computes
+    it (a view of a permuted stack, a transposed gradient) instead of first copying it into a
+    buffer of the 2-D view's shape, which it indexes through offsets it does not vectorize
+    (docs/architecture.md). The body reads any strides: with only layout ops and products by
+    constants between the layer and the loss, g_y is the same numbers in both modes, so the
+    gradients are bit-identical to eager's."""
+    assert torch.Tag.flexible_layout in torch.ops.hot.layer_bwd.default.tags
+    torch.manual_seed(0)
+    base = _QKV(transposed)
+    cfg = hot.HOTConfig(seed=9)
+    me = hot.convert(copy.deepcopy(base), cfg, convert_head=True, backend="reference")
+    mc = hot.convert(copy.deepcopy(base), cfg, convert_head=True, backend="reference")
+    x, c = torch.randn(4, 16, 32), torch.randn(3, 4, 2, 16, 16)
+
+    def run(m, f):
+        res = []
+        for _ in range(2):
+            m.zero_grad(set_to_none=True)
+            f(x, c).backward()
+            res.append({n: p.grad.clone() for n, p in m.named_parameters()})
+        return res
+
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        outs = [run(me, me), run(mc, torch.compile(mc, backend="inductor", fullgraph=True))]
+    for ge, gc in zip(*outs):
+        for n in ge:
+            assert torch.equal(ge[n], gc[n]), n
+
 def test_bias_only_layer_still_counts_its_backward():
     """A frozen weight and an input without grad: only g_b is needed. Eager mode still counts the
     backward; the compiled op must not be dead-code eliminated (its g_b output is used)."""
