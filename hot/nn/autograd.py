@@ -509,14 +509,12 @@ def _conv_fwd(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], key: 
     layer, plan = _start(key, x, seq, exact, rank, bits, row, recompute, draw, qfwd, offload)
     with no_autocast(x.device.type):
         rows = codes = None
-        if qfwd:  # the GEMM over the patches; its output (rows, O) as (B, O, Ho, Wo)
+        if qfwd:  # the GEMM over the patches: y as its (B Ho Wo, O) output (ConvFn lays it out)
             # The bias of output channel o is the GEMM's column bias of column o: its epilogue
-            # adds it, once, before the layout change.
+            # adds it, once.
             rows = patches(x, w.shape[-2:], stride, padding, dilation)
-            y2d, codes = _forward_gemm(plan, rows, w.reshape(w.shape[0], -1), b,
-                                       need_gw and not recompute)
-            ho, wo = conv_out_hw(x.shape, w.shape, stride, padding, dilation)
-            y = y2d.reshape(x.shape[0], ho, wo, -1).permute(0, 3, 1, 2).contiguous()
+            y, codes = _forward_gemm(plan, rows, w.reshape(w.shape[0], -1), b,
+                                     need_gw and not recompute)
         else:
             y = F.conv2d(x, w.to(x.dtype), b, stride, padding, dilation)
         if not need_gw:
@@ -547,11 +545,14 @@ def conv_out_hw(x_shape, w_shape, stride, padding, dilation) -> tuple[int, int]:
 def _conv_fwd_fake(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank,
                    bits, row, recompute, draw, qfwd, offload):
     y = F.conv2d(x, w.to(x.dtype), _as(b, x), stride, padding, dilation)
+    if qfwd:  # the GEMM's rows (B Ho Wo, O)
+        y = y.new_empty((y.shape[0] * y.shape[2] * y.shape[3], y.shape[1]))
     if not need_gw:
         return y, _empty(y), _empty(y), _empty(y)
     if recompute and not exact:
         return y, _empty(y), _empty(y), _step_fake(w)
-    rows = x.new_empty((y.shape[0] * y.shape[2] * y.shape[3], w[0].numel()))
+    rows = x.new_empty((y.shape[0] if qfwd else y.shape[0] * y.shape[2] * y.shape[3],
+                        w[0].numel()))
     if exact:
         return y, rows, _empty(y), _empty(y)
     return (y, *_abc_outputs_fake(w, rows, seq, rank, bits, row, False, draw, offload))
@@ -569,6 +570,13 @@ class ConvFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, key, stride, padding, dilation, f: CallFlags):
         out = _call(conv_fwd, _conv_fwd, x, w, b, key, stride, padding, dilation, *f[1:])
+        if f.qfwd:
+            # The GEMM's (B Ho Wo, O) rows as (B, O, Ho, Wo), as F.conv2d lays them out. Here,
+            # outside the opaque operator, torch.compile fuses this copy into its consumer (a
+            # patch embedding's flatten and transpose undo it: no copy at all).
+            ho, wo = conv_out_hw(x.shape, w.shape, stride, padding, dilation)
+            y = out[0].reshape(x.shape[0], ho, wo, -1).permute(0, 3, 1, 2).contiguous()
+            out = (y, *out[1:])
         # while exact, the patches (in q's place) are what backward needs of x
         _setup_common(ctx, out, None if f.exact else x, w.reshape(w.shape[0], -1) if f.need_gx
                       else None, key, f, w[0].numel(), x.dtype, w.dtype, b is not None)

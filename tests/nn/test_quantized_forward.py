@@ -194,7 +194,17 @@ def test_bias_goes_into_the_operator(kind):
     bias = calls[0].args[2]
     assert isinstance(bias, torch.fx.Node) and bias.op == "placeholder" and "bias" in bias.name
     y_nodes = [u for u in calls[0].users if u.target is operator.getitem and u.args[1] == 0]
-    assert len(y_nodes) == 1 and [u.op for u in y_nodes[0].users] == ["output"]
+    assert len(y_nodes) == 1
+    # From the operator's y to the Function's output: nothing but (for a conv, whose operator
+    # gives the GEMM's rows) the layout change to (B, O, Ho, Wo); no add of a bias.
+    node, layout = y_nodes[0], {"reshape", "view", "permute", "contiguous"}
+    if kind == "conv":  # the operator's y: the GEMM's (B Ho Wo, O) rows, laid out by ConvFn
+        assert tuple(node.meta["example_value"].shape) == (2 * 4 * 4, 32)
+    while [u.op for u in node.users] != ["output"]:
+        (node,) = node.users
+        assert kind == "conv" and node.op == "call_method" and node.target in layout, node
+    if kind == "conv":  # as F.conv2d lays out its output
+        assert ya.shape == (2, 32, 4, 4) and ya.is_contiguous() and yb.is_contiguous()
     ga, gb = _grads(a, x, torch.ones_like(ya)), _grads(cb, x, torch.ones_like(yb))
     for u, v in zip(ga, gb):
         torch.testing.assert_close(u, v, rtol=0, atol=0)
