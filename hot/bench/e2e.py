@@ -5,7 +5,7 @@ peak allocated memory and the loss of every step.
     python -m hot.bench.e2e [--model vit-b|llama-1b|llama-tiny] [--modes M1,M2,...]
                             [--batch N] [--seq S] [--steps 10] [--warmup 3] [--device cuda|cpu]
                             [--find-batch] [--in-process] [--exclude-head] [--profile]
-                            [--json out.json]
+                            [--kernels DIR] [--json out.json]
 
 Models (random init, nothing downloaded): ``vit-b`` (default) is timm's vit_base_patch16_224,
 1000 classes, on random 224x224 images, batch 128; ``llama-1b`` and ``llama-tiny`` are the
@@ -281,10 +281,12 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
               profile: bool = False, *, model: str = "vit-b", seq: Optional[int] = None,
               device: str = "cuda", exclude_head: bool = False,
               min_in_features: int = 0, hla_amax: str = "current", abc: Optional[str] = None,
-              memory: bool = False, hla_share: str = "none") -> dict:
+              memory: bool = False, hla_share: str = "none",
+              kernels: Optional[str] = None) -> dict:
     """Train ``warmup`` + ``steps`` steps of ``model`` in ``mode`` (see the module docstring);
     the record of the timed steps. Raises on failure (run_mode turns that into a record).
-    exclude_head, min_in_features, hla_amax, abc, hla_share: HotTweaks."""
+    exclude_head, min_in_features, hla_amax, abc, hla_share: HotTweaks. kernels: with
+    ``profile``, a path for every kernel of the profiled steps (write_kernels)."""
     tw = HotTweaks(exclude_head, min_in_features, hla_amax, abc, hla_share)
     md = parse_mode(mode)
     w = _workload(model, batch, seq, device)
@@ -300,7 +302,7 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
             st.enter_context(fc.patch(ban_recompute_materialized_backward=False))
         if md.compile == "reduce-overhead":
             st.enter_context(ic.patch(graph_partition=True))
-        return _step_time(md, w, warmup, steps, profile, tw, memory)
+        return _step_time(md, w, warmup, steps, profile, tw, memory, kernels)
 
 
 def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Workload:
@@ -320,7 +322,7 @@ def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Worklo
 
 
 def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
-               tw: HotTweaks, memory: bool = False) -> dict:
+               tw: HotTweaks, memory: bool = False, kernels: Optional[str] = None) -> dict:
     from ..common import quant
 
     dev = torch.device(w.device)
@@ -386,7 +388,7 @@ def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
     if times:
         out["tokens_per_s" if w.llm else "images_per_s"] = w.items() / (out["step_ms"] / 1e3)
     if profile and cuda:
-        out["profile"] = _profile(lambda i: step(warmup + steps + i))
+        out["profile"] = _profile(lambda i: step(warmup + steps + i), kernels=kernels)
     if memory:
         out["memory"] = _memory(lambda: step(warmup + steps), m, opt, out["peak_GiB"])
         if cuda:  # what is live at the peak, by origin, from one more step's allocator trace
@@ -435,7 +437,7 @@ def kernel_category(name: str) -> str:
     return "other"
 
 
-def _profile(step, n: int = 2, top: int = 40) -> dict:
+def _profile(step, n: int = 2, top: int = 40, kernels: Optional[str] = None) -> dict:
     """GPU busy time per step (kernel durations summed, torch.profiler), the kernels that take
     most of it, grouped by name, and the busy time per kernel_category: where a step's time goes,
     and what HOT's own kernels cost."""
@@ -448,6 +450,8 @@ def _profile(step, n: int = 2, top: int = 40) -> dict:
         for i in range(n):
             step(i)
         torch.cuda.synchronize()
+    if kernels:
+        write_kernels(prof.events(), kernels)
     by = defaultdict(float)
     full = defaultdict(float)
     for e in prof.events():
@@ -461,6 +465,21 @@ def _profile(step, n: int = 2, top: int = 40) -> dict:
     top_ms = sorted(by.items(), key=lambda kv: -kv[1])[:top]
     return {"gpu_busy_ms": busy, "top_ms": [(k, round(v, 3)) for k, v in top_ms],
             "category_ms": {k: round(v, 3) for k, v in sorted(cat.items())}}
+
+
+def write_kernels(events, path: str) -> int:
+    """Every GPU kernel (and memset, memcpy) of a profile to ``path`` in the order it started,
+    one per line: start (us, the profiler's clock), duration (us), name; the number of lines.
+    What a per-name sum hides shows here: the gaps between kernels, launches per step, and
+    which kernel runs next to which."""
+    import torch
+
+    rows = sorted((e.time_range.start, e.device_time, e.name) for e in events
+                  if e.device_type == torch.autograd.DeviceType.CUDA)
+    with open(path, "x") as f:  # "x": never overwrite a record
+        for start, us, name in rows:
+            f.write(f"{start:.3f}\t{us:.3f}\t{name}\n")
+    return len(rows)
 
 
 def _memory(step, model: nn.Module, opt, peak_gib: Optional[float]) -> dict:
@@ -540,6 +559,7 @@ def _isolated(mode: str, batch: int, a, timeout: float) -> dict:
                "--warmup", str(a.warmup), "--device", a.device, "--json", out]
         cmd += ["--seq", str(a.seq)] if a.seq is not None else []
         cmd += ["--profile"] if a.profile else []
+        cmd += ["--kernels", a.kernels] if a.kernels else []
         cmd += ["--memory"] if a.memory else []
         cmd += ["--exclude-head"] if a.exclude_head else []
         cmd += ["--min-in-features", str(a.min_in_features)] if a.min_in_features else []
@@ -558,6 +578,10 @@ def _isolated(mode: str, batch: int, a, timeout: float) -> dict:
                 return json.load(f)[0]
         return {**base, "error": f"the mode's process exited with status {p.returncode}",
                 "oom": "out of memory" in p.stderr.lower(), "trace": p.stderr[-3000:]}
+
+
+def _kernels_path(directory: str, mode: str) -> str:
+    return os.path.join(directory, f"{mode}.tsv")
 
 
 def main(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> int:
@@ -600,6 +624,9 @@ def main(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> int:
     p.add_argument("--json", default=None, help="write the records (a JSON list) here")
     p.add_argument("--profile", action="store_true",
                    help="also profile 2 steps: GPU busy time and the kernels that take most of it")
+    p.add_argument("--kernels", default=None, metavar="DIR",
+                   help="with --profile: write every kernel of the profiled steps in the order "
+                        "they ran (start us, duration us, name) to DIR/<mode>.tsv")
     a = p.parse_args(argv)
     for flag, v in (("--steps", a.steps), ("--batch", a.batch)):
         if v is not None and v <= 0:
@@ -608,6 +635,10 @@ def main(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> int:
         p.error(f"--warmup {a.warmup}: must be 0 or more.")
     if a.min_in_features < 0:
         p.error(f"--min-in-features {a.min_in_features}: must be 0 or more.")
+    if a.kernels and not a.profile:
+        p.error(f"--kernels {a.kernels}: the kernels come from the profile; add --profile.")
+    if a.kernels and not os.path.isdir(a.kernels):
+        p.error(f"--kernels {a.kernels}: not a directory; create it first.")
     if a.json and os.path.exists(a.json):
         p.error(f"--json {a.json} exists: pass a new path (results are never overwritten).")
     batch = a.batch or DEFAULT_BATCH[a.model]
@@ -619,10 +650,16 @@ def main(argv=None, usage_error: Optional[UsageErrorFactory] = None) -> int:
     kw = dict(warmup=a.warmup, steps=a.steps, profile=a.profile, model=a.model, seq=a.seq,
               device=a.device, exclude_head=a.exclude_head, min_in_features=a.min_in_features,
               hla_amax=a.hla_amax, abc=a.abc, memory=a.memory, hla_share=a.hla_share)
+    mode_list = [m for m in modes.split(",") if m]
+    for mode in mode_list if a.kernels else ():
+        if os.path.exists(_kernels_path(a.kernels, mode)):
+            p.error(f"--kernels {a.kernels}: {_kernels_path(a.kernels, mode)} exists: pass a new "
+                    f"directory (results are never overwritten).")
     res = []
-    for mode in [m for m in modes.split(",") if m]:
+    for mode in mode_list:
         if a.in_process:
-            run = lambda b, mode=mode: run_mode(mode, batch=b, **kw)
+            kp = _kernels_path(a.kernels, mode) if a.kernels else None
+            run = lambda b, mode=mode, kp=kp: run_mode(mode, batch=b, kernels=kp, **kw)
         else:
             run = lambda b, mode=mode: _isolated(mode, b, a, a.mode_timeout)
         r = find_batch(run, batch) if a.find_batch else run(batch)

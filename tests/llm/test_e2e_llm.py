@@ -201,3 +201,46 @@ def test_shared_codes_are_formed_once_per_input_under_compile():
         r = e2e.run_mode("hot-q_compile", hla_share="siblings", **TINY)
     assert "error" not in r, r.get("trace")
     assert r["hot_layers"] == 29 and counts[0] == 4 * 4 + 1, counts
+
+
+def test_kernel_log_lists_gpu_kernels_in_start_order_and_never_overwrites(tmp_path):
+    """write_kernels: the profile's GPU events sorted by start (the profiler's list is not), CPU
+    events left out, one tab-separated line each; an existing file is an error, not replaced."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hot.bench.e2e import write_kernels
+
+    gpu, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def ev(start, us, name, dev=gpu):
+        return SimpleNamespace(time_range=SimpleNamespace(start=start), device_time=us,
+                               name=name, device_type=dev)
+
+    evs = [ev(30.0, 2.5, "quantize_kernel"), ev(5.0, 1.0, "aten::mm", cpu),
+           ev(10.0, 4.25, "stats_kernel"), ev(1.0, 0.5, "Memset (Device)")]
+    path = tmp_path / "k.tsv"
+    assert write_kernels(evs, str(path)) == 3
+    assert path.read_text().splitlines() == [
+        "1.000\t0.500\tMemset (Device)", "10.000\t4.250\tstats_kernel",
+        "30.000\t2.500\tquantize_kernel"]
+    with pytest.raises(FileExistsError):
+        write_kernels(evs, str(path))
+    assert len(path.read_text().splitlines()) == 3
+
+
+def test_kernels_flag_needs_profile_and_a_new_directory(tmp_path, capsys):
+    from hot.bench import e2e
+
+    for argv, said in ((["--kernels", str(tmp_path)], "add --profile"),
+                       (["--profile", "--kernels", str(tmp_path / "none")], "not a directory")):
+        with pytest.raises(SystemExit) as ex:
+            e2e.main(["--device", "cpu", "--model", "llama-tiny", "--modes", "bf16", *argv])
+        assert ex.value.code == 2 and said in capsys.readouterr().err
+    (tmp_path / "bf16.tsv").write_text("kept\n")
+    with pytest.raises(SystemExit) as ex:
+        e2e.main(["--device", "cpu", "--model", "llama-tiny", "--modes", "bf16", "--profile",
+                  "--kernels", str(tmp_path)])
+    assert ex.value.code == 2 and "exists" in capsys.readouterr().err
+    assert (tmp_path / "bf16.tsv").read_text() == "kept\n"
