@@ -166,13 +166,13 @@ def _make(kind):
     return (lambda: nn.Sequential(nn.Conv2d(16, 32, 3), nn.GELU())), torch.randn(2, 16, 6, 6)
 
 
-@pytest.mark.parametrize("kind", ["linear", "conv"])
-def test_bias_goes_into_the_operator(kind):
-    """With a quantized forward the bias is an argument of hot::linear_fwd / hot::conv_fwd (the
-    GEMM's epilogue adds it) and the operator's y is the Function's output: nothing is added
-    after it in the traced graph. Compiled equals eager, outputs and gradients."""
+def _traced(kind, autocast: bool):
+    """(a, cb, x, ya, yb, call): eager (a) and compiled (cb) copies of _make(kind) with the
+    quantized forward, their outputs on x (under bfloat16 autocast or not) and the node of the
+    layer's operator (hot::linear_fwd / hot::conv_fwd) in the traced graph."""
     from hot.nn import autograd as ag
 
+    torch._dynamo.reset()  # a fresh recompile budget: earlier tests of the process compiled too
     torch.manual_seed(0)
     make, x = _make(kind)
     cfg = hot.HOTConfig.quantized().replace(seed=3)
@@ -184,16 +184,26 @@ def test_bias_goes_into_the_operator(kind):
         return gm.forward
 
     cb = torch.compile(b, backend=capture, fullgraph=True)
-    ya, yb = a(x), cb(x)
-    assert torch.equal(ya, yb)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        ya, yb = a(x), cb(x)
     op = ag.linear_fwd if kind == "linear" else ag.conv_fwd
     # the Function's forward is a subgraph of dynamo's graph (autograd_function_apply)
     calls = [n for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
              for n in m.graph.nodes if n.target in (op, op.overloadpacket)]
     assert len(calls) == 1
-    bias = calls[0].args[2]
+    return a, cb, x, ya, yb, calls[0]
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_bias_goes_into_the_operator(kind):
+    """With a quantized forward the bias is an argument of hot::linear_fwd / hot::conv_fwd (the
+    GEMM's epilogue adds it) and the operator's y is the Function's output: nothing is added
+    after it in the traced graph. Compiled equals eager, outputs and gradients."""
+    a, cb, x, ya, yb, call = _traced(kind, autocast=False)
+    assert torch.equal(ya, yb)
+    bias = call.args[2]
     assert isinstance(bias, torch.fx.Node) and bias.op == "placeholder" and "bias" in bias.name
-    y_nodes = [u for u in calls[0].users if u.target is operator.getitem and u.args[1] == 0]
+    y_nodes = [u for u in call.users if u.target is operator.getitem and u.args[1] == 0]
     assert len(y_nodes) == 1
     # From the operator's y to the Function's output: nothing but (for a conv, whose operator
     # gives the GEMM's rows) the layout change to (B, O, Ho, Wo); no add of a bias.
@@ -210,7 +220,6 @@ def test_bias_goes_into_the_operator(kind):
         torch.testing.assert_close(u, v, rtol=0, atol=0)
 
 
-
 @pytest.mark.parametrize("kind", ["linear", "conv"])
 def test_autocast_bias_reaches_the_operator_as_float32(kind):
     """Under bfloat16 autocast with a quantized forward the operator takes the bias as float32
@@ -219,29 +228,9 @@ def test_autocast_bias_reaches_the_operator_as_float32(kind):
     float32 value computed from the parameter, not the parameter. Compiled equals eager, and the
     bias gradient is autocast nn.Linear's: the column sums of g_y rounded to bfloat16, then
     widened to the parameter's float32 (so every entry is a bfloat16 value)."""
-    from hot.nn import autograd as ag
-
-    torch._dynamo.reset()  # a fresh recompile budget: earlier tests of the process compiled too
-    torch.manual_seed(0)
-    make, x = _make(kind)
-    cfg = hot.HOTConfig.quantized().replace(seed=3)
-    a, b = _pair(make, cfg, cfg)
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    cb = torch.compile(b, backend=capture, fullgraph=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        ya, yb = a(x), cb(x)
+    a, cb, x, ya, yb, call = _traced(kind, autocast=True)
     assert ya.dtype == torch.bfloat16 and torch.equal(ya, yb)
-    op = ag.linear_fwd if kind == "linear" else ag.conv_fwd
-    calls = [n for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
-             for n in m.graph.nodes if n.target in (op, op.overloadpacket)]
-    assert len(calls) == 1
-    bias = calls[0].args[2]
-    assert bias.meta["example_value"].dtype == torch.float32
+    assert call.args[2].meta["example_value"].dtype == torch.float32
     g = torch.randn_like(ya)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ga = _grads(a, x, g)
@@ -249,8 +238,7 @@ def test_autocast_bias_reaches_the_operator_as_float32(kind):
         gb = _grads(cb, x, g)
     for u, v in zip(ga, gb):
         torch.testing.assert_close(u, v, rtol=0, atol=0)
-    layer = a[0]
-    gbias = layer.bias.grad
+    gbias = a[0].bias.grad
     assert gbias.dtype == torch.float32
     assert torch.equal(gbias, gbias.to(torch.bfloat16).float())  # autocast's bf16 rounding
     assert gbias.abs().sum() > 0
