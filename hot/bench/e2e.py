@@ -472,8 +472,6 @@ def write_kernels(events, path: str) -> int:
     one per line: start (us, the profiler's clock), duration (us), name; the number of lines.
     What a per-name sum hides shows here: the gaps between kernels, launches per step, and
     which kernel runs next to which."""
-    import torch
-
     rows = sorted((e.time_range.start, e.device_time, e.name) for e in events
                   if e.device_type == torch.autograd.DeviceType.CUDA)
     with open(path, "x") as f:  # "x": never overwrite a record

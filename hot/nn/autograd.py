@@ -545,14 +545,14 @@ def conv_out_hw(x_shape, w_shape, stride, padding, dilation) -> tuple[int, int]:
 def _conv_fwd_fake(x, w, b, key, stride, padding, dilation, need_gx, need_gw, exact, seq, rank,
                    bits, row, recompute, draw, qfwd, offload):
     y = F.conv2d(x, w.to(x.dtype), _as(b, x), stride, padding, dilation)
+    n_rows = y.shape[0] * y.shape[2] * y.shape[3]  # one patch, one GEMM row per output position
     if qfwd:  # the GEMM's rows (B Ho Wo, O)
-        y = y.new_empty((y.shape[0] * y.shape[2] * y.shape[3], y.shape[1]))
+        y = y.new_empty((n_rows, y.shape[1]))
     if not need_gw:
         return y, _empty(y), _empty(y), _empty(y)
     if recompute and not exact:
         return y, _empty(y), _empty(y), _step_fake(w)
-    rows = x.new_empty((y.shape[0] if qfwd else y.shape[0] * y.shape[2] * y.shape[3],
-                        w[0].numel()))
+    rows = x.new_empty((n_rows, w[0].numel()))
     if exact:
         return y, rows, _empty(y), _empty(y)
     return (y, *_abc_outputs_fake(w, rows, seq, rank, bits, row, False, draw, offload))
