@@ -1,7 +1,8 @@
 """Break the g_y pass down on a GPU: the stats kernel alone, the quantize kernel alone, both, and
 the host time of one call, against the pass's floor.
 
-    python benchmarks/gy_pass_breakdown.py [--tiles 64,64,4 32,64,4 ...] [--ablate] [--ncu]
+    python benchmarks/gy_pass_breakdown.py [--tiles 64,64,4 32,64,4 ...] [--ablate] [--weights]
+        [--ncu]
 
 Floor = (one read of g_y in bf16 + the HQ codes + the HLA codes) / copy bandwidth, as in
 hot.bench.backward. --tiles times the two kernels of the g_y pass and of the ABC pass on other
@@ -12,6 +13,10 @@ rounding: where the quantize kernel's time goes (the same bytes are read in ever
 each tile, onepass_kernel then fixup_kernel) against the current two-kernel passes, for the g_y
 pass (HQ + HLA) and the ABC pass (HLA alone), in steady state (histories of earlier passes over
 inputs of the same distribution, so no column is redone) and on a first pass (all redone).
+--weights times the quantized forward's W pass (HQ 8-bit per output channel, nearest, float32
+W; ViT-B's and Llama-1b's shapes) as rows_kernel's one launch against the stats and quantize
+kernels with their workspace memset, in GPU microseconds from CUDA-graph replays (no host time),
+and checks both give the same codes and scales.
 --ncu runs each shape's two kernels once between cudaProfilerStart and Stop (after a warm-up
 that compiles them), for `ncu --profile-from-start off` (scripts/gpu_run.sh ncu).
 """
@@ -34,8 +39,8 @@ W_HQ = HQArgs(4, ScaleMode.ROW, True, 3)
 
 def _parts(x, hq=HQ, hla=HLA):
     """(stats only, quantize only) launchers for x, with the arguments passes.pass_args builds
-    (outputs allocated once)."""
-    p = passes.plan_for(x, hq, hla)
+    (outputs allocated once); the two-kernel pass even for HQ alone (no rows_kernel)."""
+    p = passes.plan_for(x, hq, hla, whole_rows=False)
     stats_args, quantize_args, _ = passes.pass_args(x, p, hq, hla)
 
     def stats():
@@ -114,6 +119,60 @@ def delayed(shapes=DELAYED_SHAPES):
               f"({100 * floor_abc / adly:.0f}%)", flush=True)
 
 
+# (O, I) of ViT-B/16 (qkv, proj, fc1, fc2) and Llama-3.2-1B (q and o, k and v, gate and up, down).
+W_SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072),
+            (2048, 2048), (512, 2048), (8192, 2048), (2048, 8192)]
+
+
+def graph_us(fn, sets, n=24):
+    """GPU microseconds per call of fn(*sets[i % len(sets)]) over n calls captured in one CUDA
+    graph (medians of 7 replays): what a CUDA-graph step pays, without host time."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for s in sets:
+            fn(*s)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(n):
+            fn(*sets[i % len(sets)])
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(7):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / n)
+    return sorted(ts)[3]
+
+
+def weights(shapes=W_SHAPES):
+    from hot.nn.forward import forward_args
+
+    a = forward_args("int8")
+    tot = [0.0, 0.0]
+    for o, i in shapes:
+        # Enough copies that a replay finds none of them in L2 (50 MB on an H100).
+        sets = [(torch.randn(o, i, device="cuda"),) for _ in range(max(2, -(-(64 << 20) // (o * i * 4))))]
+        one = passes.plan_for(sets[0][0], a, None)
+        two = passes.plan_for(sets[0][0], a, None, whole_rows=False)
+        assert one.rows and not two.rows
+        r1, r2 = fq.run_pass(sets[0][0], one, a, None), fq.run_pass(sets[0][0], two, a, None)
+        same = torch.equal(r1.hq_q, r2.hq_q) and torch.equal(r1.hq_s, r2.hq_s)
+        t1 = graph_us(lambda w: fq.run_pass(w, one, a, None), sets)
+        t2 = graph_us(lambda w: fq.run_pass(w, two, a, None), sets)
+        if (o, i) in W_SHAPES[:4]:
+            tot[0] += 12 * t1
+            tot[1] += 12 * t2
+        print(f"W {o}x{i} float32: rows_kernel {t1:.1f} us, stats + quantize (and memset) "
+              f"{t2:.1f} us: {t2 / t1:.2f}x; same codes and scales: {same}", flush=True)
+    print(f"ViT-B's 48 layers: {tot[0] / 1e3:.3f} ms against {tot[1] / 1e3:.3f} ms a step")
+
+
 def ncu():
     runs = []
     for r, c in SHAPES:
@@ -134,7 +193,10 @@ def main(argv=None):
     ap.add_argument("--ablate", action="store_true")
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--delayed", action="store_true")
+    ap.add_argument("--weights", action="store_true")
     a = ap.parse_args(argv)
+    if a.weights:
+        return weights()
     if a.delayed and a.tiles:
         for spec in a.tiles:  # the one-read passes on other tiles
             print(f"tile {spec}:", flush=True)

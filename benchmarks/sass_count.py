@@ -94,7 +94,7 @@ def main(argv=None) -> int:
                            ("g_y 8/drawn", hq8_sr, hla_drawn), ("x 8 nearest", hq8_rn, None),
                            ("x + ABC", hq8_rn, hla_drawn)):
             p = passes._plan(4096, 4096, (4096, 1), dtype, torch.device("cuda"), h, l, False,
-                             True)
+                             True, whole_rows=False)
             for kname, fn, meta in (("stats", passes._launchers()[0].fn, p.stats_meta),
                                     ("quantize", passes._launchers()[1].fn, p.quantize_meta)):
                 k = compile_kernel(fn, meta, "*" + a.dtype)

@@ -507,9 +507,13 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   HOT_REQUIRE(x.is_cuda() && x.dim() == 2 && x.size(0) == p[kR] && x.size(1) == p[kC], where,
               "x must be a 2-D CUDA tensor of the plan's shape (", p[kR], ", ", p[kC], "), got ", x.sizes(),
               " on ", x.device());
+  // A plan without a stats kernel (kStatsId -1: hot.fast.passes' rows plans, whose one kernel
+  // holds whole rows) reads no workspace; its pointer only fills the unused arguments.
+  const bool one_kernel = p[kStatsId] < 0;
+  const int64_t ws_need = one_kernel ? 0 : std::max<int64_t>(p[kNh] + p[kNl], 1);
   HOT_REQUIRE(amax.is_cuda() && amax.scalar_type() == torch::kInt32 && amax.is_contiguous() &&
-                  amax.numel() >= std::max<int64_t>(p[kNh] + p[kNl], 1) && amax.device() == x.device(),
-              where, "the absmax workspace must be a contiguous int32 tensor of >= ", p[kNh] + p[kNl],
+                  amax.numel() >= ws_need && amax.device() == x.device(),
+              where, "the absmax workspace must be a contiguous int32 tensor of >= ", ws_need,
               " entries on ", x.device());
   HOT_REQUIRE(!step || (step->device() == x.device() && step->scalar_type() == torch::kInt64 &&
                         step->numel() == 1), where, "the step counter must be one int64 on ", x.device());
@@ -543,7 +547,7 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   const unsigned grid[3] = {unsigned(p[kGrid0]), unsigned(p[kGrid1]), unsigned(p[kGrid2])};
   c10::cuda::CUDAGuard guard(dev);
   CUstream stream = reinterpret_cast<CUstream>(c10::cuda::getCurrentCUDAStream(dev.index()).stream());
-  std::string e = hot::triton_launch::launch(p[kStatsId], grid, stats, stream);
+  std::string e = one_kernel ? std::string() : hot::triton_launch::launch(p[kStatsId], grid, stats, stream);
   if (e.empty()) e = hot::triton_launch::launch(p[kQuantId], grid, quant, stream);
   if (!e.empty()) return runtime_error(where, e);
   if (p[kDoBsum]) out->bsum = partial.sum(1);
@@ -643,5 +647,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("hla_key"), pybind11::arg("hla_draw"),
         pybind11::arg("step") = pybind11::none());
   m.def("layer_backward", &layer_backward, "g_y pass, W pass and both GEMMs of one layer -> ([g_x, g_W, g_b], err)");
+  // run_pass launches a plan with kStatsId -1 as its one kernel (hot.fast.native checks this
+  // before it registers such a plan: an older build would reject the id).
+  m.attr("one_kernel_passes") = true;
   m.def("info", &info, "(build facts: archs, sm90a, max_k_int8, max_k_int4, cutlass_version; err)");
 }

@@ -30,7 +30,7 @@ from ..common.ops import HLAArgs, HQArgs
 from ..common.options import on_change, options
 from . import _ext
 from .passes import (PassOutputs, PassPlan, PassRoute, absmax_workspace, draw_arg, fixed_tile,
-                     key_arg, step_counter)
+                     key_arg, pass_workspace, step_counter)
 
 _LOCK = threading.Lock()
 _PLANS: dict = {}  # (pass plan uid, x 16-byte aligned) -> NativePlan, or False (never)
@@ -140,15 +140,19 @@ def register(p: PassPlan, x: torch.Tensor, stats_k, quantize_k, nargs: tuple[int
     """After a Python launch of plan p over x (stats_k, quantize_k: the compiled kernels it ran,
     nargs: how many runtime arguments each took): make the plan's later passes native, or never."""
     key = (p.uid, x.data_ptr() % 16 == 0)
-    if key in _PLANS or why_off() is not None or stats_k is None or quantize_k is None \
-            or callable(p.grid):
+    if key in _PLANS or why_off() is not None or (stats_k is None and not p.rows) \
+            or quantize_k is None or callable(p.grid):
         return
     mod = module()
     with _LOCK:
         if key in _PLANS:
             return
+        if p.rows and not getattr(mod, "one_kernel_passes", False):
+            _PLANS[key] = False  # an older build launches two kernels a pass: Python launches it
+            return
         try:
-            ids = (_register_kernel(mod, stats_k, nargs[0]),
+            # A rows plan has no stats kernel: id -1 (csrc/binding.cpp run_pass skips it).
+            ids = (-1 if p.rows else _register_kernel(mod, stats_k, nargs[0]),
                    _register_kernel(mod, quantize_k, nargs[1]))
         except Exception as e:  # the Python path stays correct; say why once
             _STATE.setdefault("why", f"registration failed: {type(e).__name__}: {e}")
@@ -174,7 +178,7 @@ def quant_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
         return None
     CALLS["quant_pass"] += 1
     out = _ext.result_or_raise(module().quant_pass(
-        list(cp), x, absmax_workspace(x.device, p.nh + p.nl), key_arg(hq.seed) if hq else 0,
+        list(cp), x, pass_workspace(p, x.device), key_arg(hq.seed) if hq else 0,
         key_arg(hla.seed) if hla else 0, draw_arg(hla), step_counter(hq, hla)))
     return PassOutputs(*out)
 
@@ -196,7 +200,7 @@ def layer_backward(pg: PassPlan, pw: PassPlan, cg: NativePlan, cw: NativePlan, g
     # 16-byte boundary, as the fresh vector of its first (Python) launch did: the compiled
     # kernel may assume that alignment of its pointer arguments.
     ng = (pg.nh + pg.nl + 3) // 4 * 4
-    amax = absmax_workspace(gy.device, ng + pw.nh)
+    amax = absmax_workspace(gy.device, ng + (0 if pw.rows else pw.nh))
     return _ext.result_or_raise(module().layer_backward(
         list(cg), list(cw), gy, wt, qx, sx, amax[:ng], amax[ng:], key_arg(hq.seed),
         key_arg(hla.seed), draw_arg(hla), key_arg(hq_w.seed), step, gemm_kind, _DT[gx_dtype],

@@ -30,6 +30,9 @@ SCALE_PAD = 256
 # The delayed fix-up's programs in all: about 4 per SM of a 132-SM H100 (docs/kernels.md)
 FIXUP_PROGRAMS = 4 * 132
 
+# rows_kernel's widest chunk of a row (rows_tile).
+ROWS_MAX_COLS = 4096
+
 # Tiles the GPU autotuner tries (rows, cols, warps).
 _TILES = ((64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 128, 8), (32, 128, 4), (64, 256, 8))
 
@@ -103,9 +106,12 @@ class PassPlan:
     hq_spad: int
     hla_spad: int
     grid: object  # (rows of tiles, columns of tiles, 1), or a function of the tile (autotune)
-    stats_meta: Meta
+    stats_meta: Optional[Meta]
     quantize_meta: Meta
     delayed: Optional["DelayedPlan"] = None  # HLAArgs.history given: the one-read kernels
+    # rows_kernel alone (``quantize`` launches it; no stats kernel, no absmax workspace): HQ
+    # with per-row scales, no HLA part, over rows laid out contiguously.
+    rows: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -210,6 +216,23 @@ def _delayed_launchers():
 
 
 @functools.lru_cache(maxsize=None)
+def _rows_launcher():
+    """rows_kernel's launcher (launch.Direct), on its own tile (rows_tile), autotuned or not."""
+    from .kernels.quantize import rows_kernel
+
+    return Direct(rows_kernel)
+
+
+def rows_tile(c16: int) -> tuple[int, int, int]:
+    """rows_kernel's (BLOCK_R, BLOCK_C, NCHUNK) for rows of c16 padded columns: a whole row in
+    one chunk up to ROWS_MAX_COLS, in tiles of options().tile's size (so its dot has the stats
+    kernel's shape and gives the same scales bit for bit)."""
+    t = options().tile
+    bc = min(_pow2(c16), ROWS_MAX_COLS)
+    return max(1, t.rows * t.cols // bc), bc, -(-c16 // bc)
+
+
+@functools.lru_cache(maxsize=None)
 def _launchers():
     """(stats, quantize): launchers called as launcher(grid, args, meta, key) (launch.Direct), or
     on autotuned kernels when tiles are autotuned (then ``key`` is ignored)."""
@@ -245,6 +268,14 @@ def absmax_workspace(dev: torch.device, n: int) -> torch.Tensor:
     return torch.zeros(max(n, 1), dtype=torch.int32, device=dev)
 
 
+def pass_workspace(p: "PassPlan", dev: torch.device) -> torch.Tensor:
+    """The absmax workspace of a pass of plan p: absmax_workspace, or for a rows plan (which
+    reads none) one int32 entry left as allocated, so no memset runs."""
+    if p.rows:
+        return torch.empty(1, dtype=torch.int32, device=dev)
+    return absmax_workspace(dev, p.nh + p.nl)
+
+
 _PLAN_IDS = itertools.count()
 
 
@@ -257,7 +288,9 @@ def bsum_capable() -> bool:
 @functools.lru_cache(maxsize=4096)
 def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
           hq: Optional[tuple], hla: Optional[tuple], bsum: bool, use_step: bool,
-          delayed: bool = False) -> PassPlan:
+          delayed: bool = False, whole_rows: bool = True) -> PassPlan:
+    """whole_rows=False: the stats and quantize kernels even where rows_kernel applies (tests
+    and benchmarks compare the two)."""
     c16, l16 = pad_to(c), pad_to(r)
     rank, selection = (hla[0], hla[1]) if hla else (BLOCK, "lowpass")
     stats, quantize = _launchers()
@@ -291,6 +324,20 @@ def _plan(r: int, c: int, strides: tuple, dtype: torch.dtype, dev: torch.device,
         HLA_QMAX=float(quant.qmax(hla[2])) if hla else 1.0, HLA_STOCH=bool(hla and hla[4]),
         # The spec rounds t * r and v + u separately: no FMA contraction (kernels.quantize).
         enable_fp_fusion=False, **tile_kw)
+
+    if whole_rows and hq_row and hla is None and not bsum and not delayed and strides[1] == 1:
+        br, bc, nchunk = rows_tile(c16)
+        return PassPlan(
+            c16=c16, l16=l16, lr=lr, nh=nh, nl=nl, stats=None, quantize=_rows_launcher(),
+            uid=next(_PLAN_IDS), bsum=False, do_hq=True, do_hla=False,
+            hq_spad=pad_to(nh, SCALE_PAD), hla_spad=pad_to(nl, SCALE_PAD),
+            grid=(-(-r // br), 1, 1), stats_meta=None,
+            quantize_meta=Meta(USE_STEP=use_step, HQ_QMAX=quantize_meta.kw["HQ_QMAX"],
+                               HQ_STOCH=quantize_meta.kw["HQ_STOCH"], DOT_DTYPE=dot_dtype,
+                               PREC=prec, IDX64=sw["IDX64"],
+                               EVEN=r % br == 0 and c % bc == 0, BLOCK_R=br, BLOCK_C=bc,
+                               NCHUNK=nchunk, num_warps=tile.warps, enable_fp_fusion=False),
+            rows=True)
 
     def grid_of(m):
         return ((l16 + m["BLOCK_R"] - 1) // m["BLOCK_R"], (c16 + m["BLOCK_C"] - 1) // m["BLOCK_C"],
@@ -332,20 +379,24 @@ def clear_plans() -> None:
     """Forget cached plans and launchers (their tile and switches come from the options)."""
     _plan.cache_clear()
     _launchers.cache_clear()
+    _rows_launcher.cache_clear()
     _delayed_launchers.cache_clear()
 
 
 def plan_for(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
-             bsum: bool = False, use_step: Optional[bool] = None) -> PassPlan:
+             bsum: bool = False, use_step: Optional[bool] = None,
+             whole_rows: bool = True) -> PassPlan:
     """The cached pass plan of x's shape, strides, dtype and device (hq / hla as in gy_pass);
-    use_step: whether the seeds follow a step counter (found from hq / hla when None)."""
+    use_step: whether the seeds follow a step counter (found from hq / hla when None);
+    whole_rows=False: never a rows plan (_plan)."""
     r, c = x.shape
     if use_step is None:
         use_step = step_counter(hq, hla) is not None
     return _plan(r, c, x.stride(), x.dtype, x.device,
                  (hq.bits, hq.scale_mode, hq.stochastic) if hq else None,
                  (hla.rank, hla.selection, hla.bits, hla.scale_mode, hla.stochastic)
-                 if hla else None, bsum, use_step, hla is not None and hla.history is not None)
+                 if hla else None, bsum, use_step, hla is not None and hla.history is not None,
+                 whole_rows)
 
 
 def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
@@ -353,7 +404,7 @@ def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     """The runtime arguments of one pass over x with plan p, and the outputs they fill."""
     r, c = x.shape
     dev = x.device
-    amax = absmax_workspace(dev, p.nh + p.nl)
+    amax = pass_workspace(p, dev)
     step = step_counter(hq, hla)
     hla_amax = amax[p.nh:] if p.nh else amax
     hq_q = hq_s = hla_q = hla_s = None

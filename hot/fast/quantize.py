@@ -87,7 +87,7 @@ def _launch_python(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
     # and of the fresh outputs. What varies is x's alignment and the seed keys (Triton
     # specializes ints on == 1 and divisibility by 16).
     xa = x.data_ptr() % 16 == 0
-    ks = p.stats(p.grid, stats_args, p.stats_meta, (p.uid, xa))
+    ks = None if p.rows else p.stats(p.grid, stats_args, p.stats_meta, (p.uid, xa))
     if history is not None:
         fold_delayed(quantize_args.hla_amax[:x.shape[1]], history)
     kq = p.quantize(p.grid, quantize_args, p.quantize_meta,

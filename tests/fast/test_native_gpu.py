@@ -66,7 +66,7 @@ def test_registration_checks_the_cubin(ext):
     hq = hq_args(4, "row", True, 1)
     fq.gy_pass(x, hq, None)
     p = passes.plan_for(x, hq, None)
-    ks = native._COMPILED[(p.uid, True)][0]
+    ks = native._COMPILED[(p.uid, True)][1]  # (per-row HQ alone: a rows plan, no stats kernel)
     kinds = native.kinds_of(ks.src.signature)
     mod = ext.load()
     block, shared = 32 * ks.metadata.num_warps, ks.metadata.shared

@@ -452,3 +452,66 @@ def test_step_seeds_follow_the_counter_in_device_memory():
         check_codes(got.hq_q, got.hq_s, qr, sr, hq_transform(x), 4, True, step_seed(12345, step))
         outs.append(got.hq_q)
     assert not torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_rows_plan_only_for_per_row_hq_alone_over_contiguous_rows():
+    """rows_kernel serves exactly the passes it can do alone: HQ with per-row scales, no HLA
+    part, no bias sums, rows laid out contiguously; every other pass keeps the two kernels."""
+    x = _x((48, 40), torch.float32, 1)
+    row, tensor = hq_args(8, "row", False, 0), hq_args(8, "tensor", False, 0)
+    hla = hla_args(8, "lowpass", 8, "row", True, 2)
+    p = passes.plan_for(x, row, None)
+    assert p.rows and p.stats is None and p.grid[1:] == (1, 1)
+    assert not passes.plan_for(x, row, None, whole_rows=False).rows
+    assert not passes.plan_for(x, tensor, None).rows
+    assert not passes.plan_for(x, row, hla).rows
+    assert not passes.plan_for(x.t(), row, None).rows  # a W^T view: the row is strided
+
+
+@pytest.mark.parametrize("shape,dtype,bits,stoch", [
+    ((48, 40), torch.float32, 8, False),     # EVEN-less: 40 columns in one 64-wide chunk
+    ((64, 64), torch.bfloat16, 8, False),    # one 64 x 64 tile a program, unmasked
+    ((37, 200), torch.bfloat16, 4, True),    # 208 padded columns, rows past R masked
+    ((5, 4100), torch.float32, 4, True),     # two chunks of 4096 columns, one row a program
+    ((3, 1), torch.float32, 8, True),        # one column: 15 padding columns of zeros
+])
+def test_rows_kernel_equals_the_two_kernel_pass(shape, dtype, bits, stoch):
+    """rows_kernel takes the rows' absmax with the stats kernel's dot on a tile of the same
+    size, and rounds with quantize_kernel's code: the same scales and codes, bit for bit, as
+    the two kernels (which tests above compare with the reference), also with step seeds."""
+    from hot.common.quant import StepSeed
+
+    x = _x(shape, dtype, sum(shape))
+    x[-1, -1] = 50 * x.abs().max()  # the last row's absmax in its last chunk and block
+    counter = torch.full((), 9, dtype=torch.int64, device=DEVICE)
+    for seed in (3, StepSeed(77, counter, 9)):
+        a = hq_args(bits, "row", stoch, seed)
+        one = passes.plan_for(x, a, None)
+        two = passes.plan_for(x, a, None, whole_rows=False)
+        assert one.rows and not two.rows
+        got, want = fq.run_pass(x, one, a, None), fq.run_pass(x, two, a, None)
+        assert torch.equal(got.hq_s, want.hq_s) and torch.equal(got.hq_q, want.hq_q)
+        assert got.hq_q.shape == (shape[0], passes.pad_to(shape[1]))
+
+
+def test_rows_pass_reads_no_workspace(monkeypatch):
+    """A rows plan allocates no absmax workspace (so no memset kernel runs with it); its
+    zero, NaN and Inf rows come out as the two-kernel pass's."""
+    x = torch.randn(32, 48)
+    x[3] = 0.0
+    x[5, 7] = float("nan")
+    x[9, 2] = float("inf")
+    x = x.to(DEVICE)
+    a = hq_args(8, "row", False, 0)
+    want = fq.run_pass(x, passes.plan_for(x, a, None, whole_rows=False), a, None)
+
+    def no_workspace(*args):
+        raise AssertionError("a rows plan asked for an absmax workspace")
+
+    monkeypatch.setattr(passes, "absmax_workspace", no_workspace)
+    got = fq.run_pass(x, passes.plan_for(x, a, None), a, None)
+    assert torch.equal(got.hq_q, want.hq_q)
+    assert torch.equal(got.hq_s.isnan(), want.hq_s.isnan())
+    assert torch.equal(torch.nan_to_num(got.hq_s), torch.nan_to_num(want.hq_s))
+    assert got.hq_s[3].item() == 1.0 and torch.isnan(got.hq_s[5]).all()
+    assert not torch.isfinite(got.hq_s[9]).all() and (got.hq_q[[3, 5, 9]] == 0).all()

@@ -14,6 +14,10 @@ grid of (BLOCK_R x BLOCK_C) tiles:
         written out by the first program of each row/column), r = 1 / scale once per group,
         v = t * r, round (hash-stream stochastic or half-even), store int8 codes.
 
+An HQ pass with per-row scales and no HLA part over rows laid out contiguously (a layer's W in
+a quantized forward) needs no global reduction: rows_kernel gives each program whole rows, so
+it is one launch with no workspace.
+
 With a delayed HLA scale (HLAConfig(amax="delayed"), HLAArgs.history) a pass reads its input
 once instead: onepass_kernel quantizes HLA with the previous pass's candidate scales while it
 folds this pass's absmax, and the g_y pass's per-row HQ scales come from the band of programs
@@ -610,6 +614,46 @@ def _hla_store(z, r, cols, wmask, pid_r, hla_q_ptr, LR, NBLK, hla_key, step_ptr,
         tl.store(hla_q_ptr + off, q)
     else:
         tl.store(hla_q_ptr + off, q, mask=(jb < NBLK)[:, None, None] & wmask[None, :, None])
+
+
+# ---------------------------------------------------------------- whole rows, one launch
+
+
+@triton.jit(do_not_specialize=["hq_key", "hla_key", "hla_draw"])
+def rows_kernel(
+    x_ptr, sxr, sxc, R, C, hq_amax_ptr, hla_amax_ptr,
+    hq_q_ptr, hq_s_ptr, C16, hq_key,
+    hla_q_ptr, hla_s_ptr, LR, NBLK, hla_key, hla_draw, step_ptr,
+    USE_STEP: tl.constexpr, HQ_QMAX: tl.constexpr, HQ_STOCH: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, NCHUNK: tl.constexpr,
+):
+    """An HQ pass with per-row scales and no HLA part (a layer's W in a quantized forward) in
+    one launch: program i holds rows i * BLOCK_R ... of every column, so a row's absmax needs
+    no other program. Over its NCHUNK tiles of BLOCK_C columns it takes the rows' absmax of the
+    transform as the stats kernel does (the same K = 16 dot on a tile of as many elements, so
+    the same scales bit for bit), then forms the codes as quantize_kernel does (the tiles read
+    again, from L2: this program just read them). No absmax workspace, no atomics, no second
+    launch. The parameters are quantize_kernel's (QuantizeArgs: the C++ launch passes the same
+    list); the absmax and HLA pointers are not read. Compile with enable_fp_fusion=False."""
+    pid_r = tl.program_id(0)
+    NB: tl.constexpr = BLOCK_C // 16
+    P: tl.constexpr = BLOCK_R * NB
+    rr = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    amax = tl.zeros((BLOCK_R,), tl.int32)
+    for k in range(NCHUNK):
+        t = _hq_t_dot(x_ptr, sxr, sxc, R, C, pid_r, k, BLOCK_R, BLOCK_C, DOT_DTYPE, PREC, IDX64,
+                      EVEN)
+        amax = tl.maximum(amax, tl.max(_abs_bits(t), axis=1))
+    s = _scale(amax, HQ_QMAX)
+    tl.store(hq_s_ptr + rr, s, mask=rr < R)
+    # Each block's reciprocal scale, as (P,) like the blocks (block m is in tile row m // NB).
+    r = tl.reshape(tl.broadcast_to(_recip(s)[:, None], (BLOCK_R, NB)), (P,))
+    for k in range(NCHUNK):
+        ys, rows, c0, rmask = _hq_blocks(x_ptr, sxr, sxc, R, C, pid_r, k, IDX64, EVEN, BLOCK_R,
+                                         BLOCK_C)
+        _hq_store(ys, r, rows, c0, rmask, hq_q_ptr, C16, hq_key, step_ptr, USE_STEP, HQ_QMAX,
+                  HQ_STOCH, IDX64, EVEN, P)
 
 
 # ---------------------------------------------------------------- one read, delayed HLA scale
