@@ -286,7 +286,9 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
     """Train ``warmup`` + ``steps`` steps of ``model`` in ``mode`` (see the module docstring);
     the record of the timed steps. Raises on failure (run_mode turns that into a record).
     exclude_head, min_in_features, hla_amax, abc, hla_share: HotTweaks. kernels: with
-    ``profile``, a path for every kernel of the profiled steps (write_kernels)."""
+    ``profile``, a path for every kernel of the profiled steps (write_kernel_rows), written once the
+    mode has run to its end: an attempt that fails after its profile (out of memory in the
+    --memory steps, which --find-batch retries at half the batch) leaves no file behind."""
     tw = HotTweaks(exclude_head, min_in_features, hla_amax, abc, hla_share)
     md = parse_mode(mode)
     w = _workload(model, batch, seq, device)
@@ -302,7 +304,10 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
             st.enter_context(fc.patch(ban_recompute_materialized_backward=False))
         if md.compile == "reduce-overhead":
             st.enter_context(ic.patch(graph_partition=True))
-        return _step_time(md, w, warmup, steps, profile, tw, memory, kernels)
+        out, rows = _step_time(md, w, warmup, steps, profile, tw, memory, kernels is not None)
+    if kernels and rows is not None:
+        write_kernel_rows(rows, kernels)
+    return out
 
 
 def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Workload:
@@ -322,7 +327,10 @@ def _workload(model: str, batch: int, seq: Optional[int], device: str) -> Worklo
 
 
 def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
-               tw: HotTweaks, memory: bool = False, kernels: Optional[str] = None) -> dict:
+               tw: HotTweaks, memory: bool = False, kernels: bool = False
+               ) -> tuple[dict, Optional[list]]:
+    """(the record, the profiled steps' kernel rows (kernel_rows) when ``kernels`` and a GPU
+    profile ran, else None)."""
     from ..common import quant
 
     dev = torch.device(w.device)
@@ -387,8 +395,9 @@ def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
            **facts}
     if times:
         out["tokens_per_s" if w.llm else "images_per_s"] = w.items() / (out["step_ms"] / 1e3)
+    rows = None
     if profile and cuda:
-        out["profile"] = _profile(lambda i: step(warmup + steps + i), kernels=kernels)
+        out["profile"], rows = _profile(lambda i: step(warmup + steps + i), keep_kernels=kernels)
     if memory:
         out["memory"] = _memory(lambda: step(warmup + steps), m, opt, out["peak_GiB"])
         if cuda:  # what is live at the peak, by origin, from one more step's allocator trace
@@ -411,7 +420,7 @@ def _step_time(md: Mode, w: Workload, warmup: int, steps: int, profile: bool,
             pass
     del m, opt, fn, data
     _release(cuda)
-    return out
+    return out, rows
 
 
 # Kernel categories of a profile: HOT's quantizer passes (the g_y, W and ABC passes are the
@@ -437,10 +446,11 @@ def kernel_category(name: str) -> str:
     return "other"
 
 
-def _profile(step, n: int = 2, top: int = 40, kernels: Optional[str] = None) -> dict:
+def _profile(step, n: int = 2, top: int = 40, keep_kernels: bool = False
+             ) -> tuple[dict, Optional[list]]:
     """GPU busy time per step (kernel durations summed, torch.profiler), the kernels that take
     most of it, grouped by name, and the busy time per kernel_category: where a step's time goes,
-    and what HOT's own kernels cost."""
+    and what HOT's own kernels cost; with ``keep_kernels`` also every kernel (kernel_rows)."""
     from collections import defaultdict
 
     from torch.profiler import ProfilerActivity, profile
@@ -450,8 +460,7 @@ def _profile(step, n: int = 2, top: int = 40, kernels: Optional[str] = None) -> 
         for i in range(n):
             step(i)
         torch.cuda.synchronize()
-    if kernels:
-        write_kernels(prof.events(), kernels)
+    rows = kernel_rows(prof.events()) if keep_kernels else None
     by = defaultdict(float)
     full = defaultdict(float)
     for e in prof.events():
@@ -464,16 +473,20 @@ def _profile(step, n: int = 2, top: int = 40, kernels: Optional[str] = None) -> 
     busy = sum(by.values())
     top_ms = sorted(by.items(), key=lambda kv: -kv[1])[:top]
     return {"gpu_busy_ms": busy, "top_ms": [(k, round(v, 3)) for k, v in top_ms],
-            "category_ms": {k: round(v, 3) for k, v in sorted(cat.items())}}
+            "category_ms": {k: round(v, 3) for k, v in sorted(cat.items())}}, rows
 
 
-def write_kernels(events, path: str) -> int:
-    """Every GPU kernel (and memset, memcpy) of a profile to ``path`` in the order it started,
-    one per line: start (us, the profiler's clock), duration (us), name; the number of lines.
-    What a per-name sum hides shows here: the gaps between kernels, launches per step, and
-    which kernel runs next to which."""
-    rows = sorted((e.time_range.start, e.device_time, e.name) for e in events
+def kernel_rows(events) -> list:
+    """(start us, duration us, name) of every GPU kernel (and memset, memcpy) of a profile's
+    events, in the order they started (the profiler's list is not)."""
+    return sorted((e.time_range.start, e.device_time, e.name) for e in events
                   if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def write_kernel_rows(rows: list, path: str) -> int:
+    """kernel_rows' rows to ``path``, one per line: start (us, the profiler's clock), duration
+    (us), name; the number of lines. What a per-name sum hides shows here: the gaps between
+    kernels, launches per step, and which kernel runs next to which."""
     with open(path, "x") as f:  # "x": never overwrite a record
         for start, us, name in rows:
             f.write(f"{start:.3f}\t{us:.3f}\t{name}\n")

@@ -204,13 +204,13 @@ def test_shared_codes_are_formed_once_per_input_under_compile():
 
 
 def test_kernel_log_lists_gpu_kernels_in_start_order_and_never_overwrites(tmp_path):
-    """write_kernels: the profile's GPU events sorted by start (the profiler's list is not), CPU
+    """kernel_rows, write_kernel_rows: the profile's GPU events sorted by start (the profiler's list is not), CPU
     events left out, one tab-separated line each; an existing file is an error, not replaced."""
     from types import SimpleNamespace
 
     import torch
 
-    from hot.bench.e2e import write_kernels
+    from hot.bench.e2e import kernel_rows, write_kernel_rows
 
     gpu, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
 
@@ -221,12 +221,12 @@ def test_kernel_log_lists_gpu_kernels_in_start_order_and_never_overwrites(tmp_pa
     evs = [ev(30.0, 2.5, "quantize_kernel"), ev(5.0, 1.0, "aten::mm", cpu),
            ev(10.0, 4.25, "stats_kernel"), ev(1.0, 0.5, "Memset (Device)")]
     path = tmp_path / "k.tsv"
-    assert write_kernels(evs, str(path)) == 3
+    assert write_kernel_rows(kernel_rows(evs), str(path)) == 3
     assert path.read_text().splitlines() == [
         "1.000\t0.500\tMemset (Device)", "10.000\t4.250\tstats_kernel",
         "30.000\t2.500\tquantize_kernel"]
     with pytest.raises(FileExistsError):
-        write_kernels(evs, str(path))
+        write_kernel_rows(kernel_rows(evs), str(path))
     assert len(path.read_text().splitlines()) == 3
 
 
@@ -244,3 +244,33 @@ def test_kernels_flag_needs_profile_and_a_new_directory(tmp_path, capsys):
                   "--kernels", str(tmp_path)])
     assert ex.value.code == 2 and "exists" in capsys.readouterr().err
     assert (tmp_path / "bf16.tsv").read_text() == "kept\n"
+
+
+def test_kernel_log_is_written_only_by_the_attempt_that_ran_to_its_end(tmp_path, monkeypatch):
+    """With --find-batch, an attempt that runs out of memory after its profile (in the --memory
+    steps) leaves no kernel log, so the retry at half the batch writes it; a mode that never
+    completes writes none."""
+    import torch
+
+    from hot.bench import e2e
+
+    rows = [(1.0, 0.5, "stats_kernel"), (2.0, 0.25, "quantize_kernel")]
+
+    def fake(md, w, warmup, steps, profile, tw, memory, keep):
+        assert keep  # the rows are asked for; the file is step_time's to write
+        if w.batch > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (after the profile)")
+        return {"mode": md.name, "batch": w.batch}, rows
+
+    monkeypatch.setattr(e2e, "_step_time", fake)
+    path = tmp_path / "bf16.tsv"
+    run = lambda b: e2e.run_mode("bf16", batch=b, model="llama-tiny", device="cpu",  # noqa: E731
+                                 profile=True, kernels=str(path))
+    r = e2e.find_batch(run, 8)
+    assert "error" not in r and r["batch"] == 2 and r["oom_batches"] == [8, 4]
+    assert path.read_text().splitlines() == ["1.000\t0.500\tstats_kernel",
+                                             "2.000\t0.250\tquantize_kernel"]
+    never = tmp_path / "never.tsv"
+    r = e2e.find_batch(lambda b: e2e.run_mode("bf16", batch=b + 8, model="llama-tiny",
+                                              device="cpu", profile=True, kernels=str(never)), 2)
+    assert r["oom"] and not never.exists()
