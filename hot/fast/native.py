@@ -34,7 +34,7 @@ from .passes import (PassOutputs, PassPlan, PassRoute, absmax_workspace, draw_ar
 
 _LOCK = threading.Lock()
 _PLANS: dict = {}  # (pass plan uid, x 16-byte aligned) -> NativePlan, or False (never)
-_COMPILED: dict = {}  # the same keys -> (stats kernel, quantize kernel) as Triton compiled them
+_COMPILED: dict = {}  # the same keys -> (stats kernel or None for a rows plan, quantize kernel)
 _STATE: dict = {}  # "why": the first reason a registration failed
 # How many passes and layer backwards ran natively (benchmarks and tests read it).
 CALLS = {"quant_pass": 0, "layer_backward": 0}
