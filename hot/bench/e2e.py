@@ -286,8 +286,8 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
     """Train ``warmup`` + ``steps`` steps of ``model`` in ``mode`` (see the module docstring);
     the record of the timed steps. Raises on failure (run_mode turns that into a record).
     exclude_head, min_in_features, hla_amax, abc, hla_share: HotTweaks. kernels: with
-    ``profile``, a path for every kernel of the profiled steps (write_kernel_rows), written once the
-    mode has run to its end: an attempt that fails after its profile (out of memory in the
+    ``profile``, a path for every kernel of the profiled steps (write_kernel_rows), written once
+    the mode has run to its end: an attempt that fails after its profile (out of memory in the
     --memory steps, which --find-batch retries at half the batch) leaves no file behind."""
     tw = HotTweaks(exclude_head, min_in_features, hla_amax, abc, hla_share)
     md = parse_mode(mode)
@@ -305,7 +305,7 @@ def step_time(mode: str, batch: int = 128, warmup: int = 3, steps: int = 10,
         if md.compile == "reduce-overhead":
             st.enter_context(ic.patch(graph_partition=True))
         out, rows = _step_time(md, w, warmup, steps, profile, tw, memory, kernels is not None)
-    if kernels and rows is not None:
+    if rows is not None:  # asked for (kernels) and profiled on a GPU
         write_kernel_rows(rows, kernels)
     return out
 

@@ -199,8 +199,8 @@ def layer_backward(pg: PassPlan, pw: PassPlan, cg: NativePlan, cw: NativePlan, g
     # One zeroed vector for both passes' maxima: one memset. The W pass's part starts on a
     # 16-byte boundary, as the fresh vector of its first (Python) launch did: the compiled
     # kernel may assume that alignment of its pointer arguments.
-    ng = (pg.nh + pg.nl + 3) // 4 * 4
-    amax = absmax_workspace(gy.device, ng + (0 if pw.rows else pw.nh))
+    ng = (pg.amax_entries + 3) // 4 * 4
+    amax = absmax_workspace(gy.device, ng + pw.amax_entries)
     return _ext.result_or_raise(module().layer_backward(
         list(cg), list(cw), gy, wt, qx, sx, amax[:ng], amax[ng:], key_arg(hq.seed),
         key_arg(hla.seed), draw_arg(hla), key_arg(hq_w.seed), step, gemm_kind, _DT[gx_dtype],

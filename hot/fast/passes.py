@@ -113,6 +113,11 @@ class PassPlan:
     # with per-row scales, no HLA part, over rows laid out contiguously.
     rows: bool = False
 
+    @property
+    def amax_entries(self) -> int:
+        """Entries of the absmax workspace its stats kernel folds into: none for a rows plan."""
+        return 0 if self.rows else self.nh + self.nl
+
 
 @dataclass(frozen=True, eq=False)
 class DelayedPlan:
@@ -269,11 +274,11 @@ def absmax_workspace(dev: torch.device, n: int) -> torch.Tensor:
 
 
 def pass_workspace(p: "PassPlan", dev: torch.device) -> torch.Tensor:
-    """The absmax workspace of a pass of plan p: absmax_workspace, or for a rows plan (which
-    reads none) one int32 entry left as allocated, so no memset runs."""
-    if p.rows:
+    """The absmax workspace of a pass of plan p: absmax_workspace, or for a plan that reads none
+    (a rows plan) one int32 entry left as allocated, so no memset runs."""
+    if not p.amax_entries:
         return torch.empty(1, dtype=torch.int32, device=dev)
-    return absmax_workspace(dev, p.nh + p.nl)
+    return absmax_workspace(dev, p.amax_entries)
 
 
 _PLAN_IDS = itertools.count()
