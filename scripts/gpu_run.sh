@@ -14,6 +14,9 @@
 #              ($BREAKDOWN_ARGS: more options, e.g. --ablate or --tiles ...)
 #   delayed    the delayed-HLA-scale passes: tests/fast/test_delayed_interp.py compiled, then
 #              benchmarks/gy_pass_breakdown.py --delayed (one read against the two-kernel passes)
+#   seq        $SEQ: items mode[:VAR=VALUE,...], each one hot.bench.e2e process in the order
+#              given (modes alternated within one call), $SEQ_ARGS for every item (e.g.
+#              --model llama-1b --steps 8); all records in $OUT/seq.json, each with its item
 #   ncu        Nsight Compute counters of the g_y pass kernels (benchmarks/gy_pass_breakdown.py --ncu)
 #   graphs     tests/fast/test_cuda_graphs_gpu.py alone
 #   profile    benchmarks/host_profile.py (host time of one layer backward), also for .baseline/
@@ -133,6 +136,25 @@ case "$what" in *" e2e "*)
       ${E2E_ARGS2:-} > "$OUT/e2e2.log" 2>&1 || tail -20 "$OUT/e2e2.log"
   fi
 esac
+case "$what" in *" seq "*)
+  i=0
+  for item in ${SEQ:-}; do
+    i=$((i + 1)); m=${item%%:*}; e=; [ "$item" != "$m" ] && e=$(echo "${item#*:}" | tr ',' ' ')
+    echo "== $item" >> "$OUT/seq.log"
+    env $e timeout 500 python3 -m hot.bench.e2e --modes "$m" --json "/tmp/seq_$i.json" ${SEQ_ARGS:-} \
+      >> "$OUT/seq.log" 2>&1 || tail -5 "$OUT/seq.log"
+    python3 - "/tmp/seq_$i.json" "$item" "$OUT/seq.json" <<'EOF'
+import json, os, sys
+src, item, dst = sys.argv[1:]
+recs = json.load(open(src)) if os.path.exists(src) else [{"mode": item, "error": "no record"}]
+for r in recs:
+    r["item"] = item
+    r.pop("trace", None)
+old = json.load(open(dst)) if os.path.exists(dst) else []
+json.dump(old + recs, open(dst, "w"), indent=1)
+EOF
+  done
+esac
 case "$what" in *" llm "*)
   timeout 560 python3 -m hot.bench.e2e --model llama-1b --modes "${LLM_MODES:-bf16_compile,hot_compile}" \
     --json "$OUT/llm.json" ${E2E_ARGS:-} > "$OUT/llm.log" 2>&1 || tail -20 "$OUT/llm.log"
@@ -176,6 +198,12 @@ for f in bench_backward_base bench_backward; do
   [ -f "$OUT/$f.md" ] && echo "== $f" && grep -E "^\| (vitb|llama)|Geometric" "$OUT/$f.md" \
     | awk -F'|' '{ if (NF > 8) print $2, "HOT", $7, "BF16", $6, $8; else print }'
 done
+[ -f "$OUT/seq.json" ] && echo "== seq" && python3 - "$OUT/seq.json" <<'EOF'
+import json, sys
+for d in json.load(open(sys.argv[1])):
+    print(d.get("item"), "step_ms", round(d.get("step_ms", -1), 2), "min", round(d.get("min_ms", -1), 2),
+          "peak", round(d.get("peak_GiB", -1), 2), "loss", (d.get("losses") or [None])[-1], d.get("error", ""))
+EOF
 for f in e2e e2e2 llm llm2; do
   [ -f "$OUT/$f.json" ] && echo "== $f" && python3 - "$OUT/$f.json" <<'EOF'
 import json, sys
