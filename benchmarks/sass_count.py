@@ -30,7 +30,6 @@ from hot.common.options import Tile, override
 from hot.fast import passes
 
 _PTR = {"x_ptr": None, "hq_amax_ptr": "*i32", "hla_amax_ptr": "*i32", "bsum_ptr": "*fp32",
-        "bcount_ptr": "*i32", "bout_ptr": "*fp32",
         "hq_q_ptr": "*i8", "hq_s_ptr": "*fp32", "hla_q_ptr": "*i8", "hla_s_ptr": "*fp32",
         "step_ptr": "*i64"}
 _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")

@@ -487,8 +487,8 @@ enum PassField {
   kDoHq, kDoHla, kDoBsum, kPassFields
 };
 
-// bsum: x's column sums in float32 (the bias gradient), which the stats kernel's last program of
-// each column of tiles adds up from the per-row-of-tiles partials (kDoBsum plans only).
+// bsum: x's column sums in float32 (the bias gradient), from the stats kernel's per-row-of-tiles
+// partial sums (kDoBsum plans only).
 struct PassOut { torch::Tensor hq_q, hq_s, hla_q, hla_s, bsum; };
 
 int64_t addr(const torch::Tensor& t) { return int64_t(reinterpret_cast<uintptr_t>(t.data_ptr())); }
@@ -497,8 +497,7 @@ int64_t addr(const torch::Tensor& t) { return int64_t(reinterpret_cast<uintptr_t
 // hot.fast.passes.pass_args (StatsArgs and QuantizeArgs name them, in the kernels' parameter
 // order; tests/fast/test_native_gpu.py checks both paths give the same codes and scales).
 // step: the step counter the seeds follow (USE_STEP kernels read it), or undefined.
-// amax: a zeroed int32 vector of >= nh + nl entries for the stats kernel's maxima, then with
-// kDoBsum one counter per column of tiles (kGrid1) for its bias sums.
+// amax: a zeroed int32 vector of >= nh + nl entries for the stats kernel's maxima.
 std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, const torch::Tensor& amax,
                      int64_t hq_key, int64_t hla_key, int64_t hla_draw,
                      const std::optional<torch::Tensor>& step, PassOut* out) {
@@ -511,8 +510,7 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   // A plan without a stats kernel (kStatsId -1: hot.fast.passes' rows plans, whose one kernel
   // holds whole rows) reads no workspace; its pointer only fills the unused arguments.
   const bool one_kernel = p[kStatsId] < 0;
-  const int64_t ws_need =
-      one_kernel ? 0 : std::max<int64_t>(p[kNh] + p[kNl] + (p[kDoBsum] ? p[kGrid1] : 0), 1);
+  const int64_t ws_need = one_kernel ? 0 : std::max<int64_t>(p[kNh] + p[kNl], 1);
   HOT_REQUIRE(amax.is_cuda() && amax.scalar_type() == torch::kInt32 && amax.is_contiguous() &&
                   amax.numel() >= ws_need && amax.device() == x.device(),
               where, "the absmax workspace must be a contiguous int32 tensor of >= ", ws_need,
@@ -535,15 +533,10 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   const int64_t ws = addr(amax);
   const int64_t ws_l = p[kNh] ? ws + p[kNh] * int64_t(sizeof(int32_t)) : ws;
   torch::Tensor partial;
-  if (p[kDoBsum]) {
-    partial = torch::empty({p[kC], p[kGrid0]}, f32);  // column-major, per row of tiles
-    out->bsum = torch::empty({p[kC]}, f32);
-  }
-  const int64_t ws_count = ws + (p[kNh] + p[kNl]) * int64_t(sizeof(int32_t));
-  // StatsArgs: x, sxr, sxc, R, C, hq_amax, hla_amax, bsum, bcount, bout.
+  if (p[kDoBsum]) partial = torch::empty({p[kC], p[kGrid0]}, f32);  // column-major: an inner-axis sum
+  // StatsArgs: x, sxr, sxc, R, C, hq_amax, hla_amax, bsum.
   const std::vector<Arg> stats = {{addr(x)}, {x.stride(0)}, {x.stride(1)}, {p[kR]}, {p[kC]},
-                                  {ws}, {ws_l}, {p[kDoBsum] ? addr(partial) : ws},
-                                  {p[kDoBsum] ? ws_count : ws}, {p[kDoBsum] ? addr(out->bsum) : ws}};
+                                  {ws}, {ws_l}, {p[kDoBsum] ? addr(partial) : ws}};
   // QuantizeArgs: x, sxr, sxc, R, C, hq_amax, hla_amax, hq_q, hq_s, C16, hq_key, hla_q, hla_s, LR,
   // NBLK, hla_key, hla_draw, step.
   const std::vector<Arg> quant = {
@@ -557,6 +550,7 @@ std::string run_pass(const std::vector<int64_t>& p, const torch::Tensor& x, cons
   std::string e = one_kernel ? std::string() : hot::triton_launch::launch(p[kStatsId], grid, stats, stream);
   if (e.empty()) e = hot::triton_launch::launch(p[kQuantId], grid, quant, stream);
   if (!e.empty()) return runtime_error(where, e);
+  if (p[kDoBsum]) out->bsum = partial.sum(1);
   return e;
 }
 
@@ -656,8 +650,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // run_pass launches a plan with kStatsId -1 as its one kernel (hot.fast.native checks this
   // before it registers such a plan: an older build would reject the id).
   m.attr("one_kernel_passes") = true;
-  // How many runtime arguments run_pass gives the stats kernel (hot.fast.passes.StatsArgs):
-  // hot.fast.native registers no plan with a build that gives another number.
-  m.attr("stats_args") = 10;
   m.def("info", &info, "(build facts: archs, sm90a, max_k_int8, max_k_int4, cutlass_version; err)");
 }

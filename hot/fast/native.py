@@ -150,9 +150,6 @@ def register(p: PassPlan, x: torch.Tensor, stats_k, quantize_k, nargs: tuple[int
         if p.rows and not getattr(mod, "one_kernel_passes", False):
             _PLANS[key] = False  # an older build launches two kernels a pass: Python launches it
             return
-        if not p.rows and getattr(mod, "stats_args", 8) != nargs[0]:
-            _PLANS[key] = False  # an older build gives the stats kernel other arguments
-            return
         try:
             # A rows plan has no stats kernel: id -1 (csrc/binding.cpp run_pass skips it).
             ids = (-1 if p.rows else _register_kernel(mod, stats_k, nargs[0]),

@@ -49,7 +49,7 @@ def _args(name: str, doc: str, *fields: tuple) -> type:
 
 _T, _I = torch.Tensor, int
 StatsArgs = _args("StatsArgs", "Runtime parameters of stats_kernel.",
-                  ("hq_amax", _T), ("hla_amax", _T), ("bsum", _T), ("bcount", _T), ("bout", _T))
+                  ("hq_amax", _T), ("hla_amax", _T), ("bsum", _T))
 QuantizeArgs = _args(
     "QuantizeArgs", "Runtime parameters of quantize_kernel.",
     ("hq_amax", _T), ("hla_amax", _T), ("hq_q", _T), ("hq_s", _T), ("C16", _I), ("hq_key", _I),
@@ -68,8 +68,7 @@ FixupArgs = _args(
 
 class PassOutputs(NamedTuple):
     """What a pass writes: codes and scales of each part asked for (None otherwise) and, for a
-    bias-sum plan, x's (C,) float32 column sums (from a one-read pass with a delayed HLA scale,
-    the (C, row tiles) partial sums that hot.fast.quantize adds up)."""
+    bias-sum plan, the (C, row tiles) float32 partial column sums."""
 
     hq_q: Optional[torch.Tensor]
     hq_s: Optional[torch.Tensor]
@@ -116,10 +115,8 @@ class PassPlan:
 
     @property
     def amax_entries(self) -> int:
-        """Entries of the zeroed workspace its stats kernel reads: the absmax of each scale
-        group, then with bias sums one counter per column of tiles (_bias_sums_last); none
-        for a rows plan."""
-        return 0 if self.rows else self.nh + self.nl + (self.grid[1] if self.bsum else 0)
+        """Entries of the absmax workspace its stats kernel folds into: none for a rows plan."""
+        return 0 if self.rows else self.nh + self.nl
 
 
 @dataclass(frozen=True, eq=False)
@@ -426,11 +423,9 @@ def pass_args(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
         hla_q = torch.empty((c, p.lr), dtype=torch.int8, device=dev)
         hla_s = torch.empty(p.hla_spad, dtype=torch.float32, device=dev).as_strided((p.nl, 1),
                                                                                     (1, 1))
-    partial = torch.empty((c, p.grid[0]), dtype=torch.float32, device=dev) if p.bsum else None
-    bsum = torch.empty(c, dtype=torch.float32, device=dev) if p.bsum else None
+    bsum = torch.empty((c, p.grid[0]), dtype=torch.float32, device=dev) if p.bsum else None
     stats = StatsArgs(x, x.stride(0), x.stride(1), r, c, amax, hla_amax,
-                      partial if p.bsum else amax, amax[p.nh + p.nl:] if p.bsum else amax,
-                      bsum if p.bsum else amax)
+                      bsum if bsum is not None else amax)
     quantize = QuantizeArgs(
         x, x.stride(0), x.stride(1), r, c, amax, hla_amax,
         hq_q if hq else amax, hq_s if hq else amax, p.c16, key_arg(hq.seed) if hq else 0,

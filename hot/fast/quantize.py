@@ -48,9 +48,8 @@ def gy_pass(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
 
     Returns the codes and scales of each part asked for (None for the others; both parts need
     bits > 0) and, with bsum=True (HLA asked for, passes.bsum_capable()), x's column sums in
-    float32 (C,): summed by the stats kernel per row of tiles, then over those rows by the last
-    program of each column of tiles, the bias gradient without another read of x or another
-    launch. run_pass on x's plan.
+    float32 (C,) in place of the partials: summed by the stats kernel per row of tiles and then
+    over those rows, the bias gradient without another read of x. run_pass on x's plan.
     """
     return run_pass(x, plan_for(x, hq, hla, bsum), hq, hla)
 
@@ -58,7 +57,7 @@ def gy_pass(x: torch.Tensor, hq: Optional[HQArgs], hla: Optional[HLAArgs],
 def run_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
              hla: Optional[HLAArgs]) -> PassOutputs:
     """The one launch of a quantizer pass: plan p (plan_for(x, hq, hla, ...)) over x, as gy_pass
-    describes its outputs (with p.bsum, x's column sums).
+    describes its outputs (bias sums summed when p.bsum).
 
     A delayed HLA scale's pass launches from Python (_launch_delayed). Any other runs on the
     first registered route that has p's kernels for x (the C++ launch, once a Python launch of p
@@ -74,12 +73,13 @@ def run_pass(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
             if done is not None:
                 return done
         out = _launch_python(x, p, hq, hla)
-    return out
+    return out._replace(bsum=out.bsum.sum(1)) if p.bsum else out
 
 
 def _launch_python(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
                    hla: Optional[HLAArgs], history: Optional[torch.Tensor] = None) -> PassOutputs:
-    """The pass of plan p over x launched from Python; offers the compiled kernels to the routes (``adopt``). ``history``: a delayed HLA scale's,
+    """The pass of plan p over x launched from Python (bias sums left as per-tile partials);
+    offers the compiled kernels to the routes (``adopt``). ``history``: a delayed HLA scale's,
     folded in between the two kernels (fold_delayed); such a pass is offered to no route,
     since none has the fold."""
     stats_args, quantize_args, out = pass_args(x, p, hq, hla)
@@ -116,9 +116,9 @@ def _band_fits(p: PassPlan, args) -> bool:
 
 def _launch_delayed(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
                     hla: HLAArgs) -> PassOutputs:
-    """A pass with a delayed HLA scale: onepass_kernel then fixup_kernel where
-    onepass_kernel serves it (its per-tile bias partials summed here), else stats,
-    fold_delayed, quantize. Launched from Python (no native plan)."""
+    """A pass with a delayed HLA scale (bias sums left as per-tile partials): onepass_kernel
+    then fixup_kernel where onepass_kernel serves it, else stats, fold_delayed, quantize.
+    Launched from Python (no native plan)."""
     d = p.delayed
     # (a band known not to fit goes straight to the two kernels: no one-read arguments made)
     if d.onepass_ok and (not d.band or _BAND_FITS.get(p.uid) is not False):
@@ -126,7 +126,7 @@ def _launch_delayed(x: torch.Tensor, p: PassPlan, hq: Optional[HQArgs],
         if not d.band or _band_fits(p, one):
             d.onepass((d.n_rt * d.n_ct,) if d.band else (d.n_rt, d.n_ct), one, d.onepass_meta)
             d.fixup((d.fix_g, d.n_ct), fix, d.fixup_meta)
-            return out._replace(bsum=out.bsum.sum(1)) if p.bsum else out
+            return out
     return _launch_python(x, p, hq, hla, check_history(x, hla))
 
 

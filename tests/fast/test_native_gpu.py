@@ -113,7 +113,7 @@ def test_layer_backward_equals_composed(ext, gdt, wdt, mode):
     _same(first[:2], want, "layer_backward, Python launches")
     # With the bias gradient: the first call launches the bsum plan in Python (registering it),
     # the second is one C++ call; both give the composed g_x and g_W, and the same g_b bits
-    # (the same stats kernel, whose last program of each column of tiles adds its sums up).
+    # (the same stats-kernel partial sums, summed by the same ATen op).
     first = backward.layer_backward(*args, True)
     second = backward.layer_backward(*args, True)
     assert native.CALLS["layer_backward"] == before + 2

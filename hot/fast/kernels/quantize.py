@@ -9,8 +9,7 @@ grid of (BLOCK_R x BLOCK_C) tiles:
         their bit patterns, and a NaN's pattern 0x7FC00000 exceeds +Inf's, so NaN wins: it
         propagates). The vector is allocated per pass (its memset is one small kernel), so a
         CUDA graph that replays the pass starts from zeros too. With DO_BSUM it also stores the
-        tile's column sums of x (the bias gradient's partials), and the last program of each
-        column of tiles to finish adds its columns' partials up (_bias_sums_last).
+        tile's column sums of x (the bias gradient's partials).
     quantize_kernel: transform again, scale = amax / qmax (1 where amax == 0, NaN/Inf propagate;
         written out by the first program of each row/column), r = 1 / scale once per group,
         v = t * r, round (hash-stream stochastic or half-even), store int8 codes.
@@ -464,39 +463,9 @@ def _hla_u(cols, jb, LR, key, NJ: tl.constexpr, BLOCK_C: tl.constexpr, RANK: tl.
 # ---------------------------------------------------------------- the two kernels
 
 
-# Partials a program reads at once when it adds up a column of tiles' bias sums.
-_BSUM_CHUNK = tl.constexpr(64)
-
-
-@triton.jit
-def _bias_sums_last(bsum_ptr, count_ptr, out_ptr, cols, C, pid_c, N_RT, IDX64: tl.constexpr,
-                    BLOCK_C: tl.constexpr):
-    """After this program stored its partials bsum[cols, pid_r]: count it in at its column of
-    tiles' counter; the last of the N_RT programs to arrive then holds every partial of those
-    columns and stores their sums out[c] = sum_r bsum[c, r], in float32, in chunks of rows of
-    tiles taken in order (a fixed order whichever program is last: deterministic). This
-    replaces a reduction kernel after the pass; the other programs of the column go on at
-    once, so only the last column's sums lengthen the kernel."""
-    # The CTA barrier first, so every thread's partial stores precede the arrival, which
-    # releases them; the last arrival acquires them all.
-    tl.debug_barrier()
-    n = tl.atomic_add(count_ptr + pid_c, 1, sem="acq_rel")
-    if n == N_RT - 1:
-        cmask = cols < C
-        base = bsum_ptr + _idx(cols, IDX64)[:, None] * N_RT
-        acc = tl.zeros((BLOCK_C,), tl.float32)
-        for r0 in range(0, N_RT, _BSUM_CHUNK):
-            rr = r0 + tl.arange(0, _BSUM_CHUNK)
-            # .cg: from L2, where the other SMs' stores are (this SM's L1 never held them)
-            part = tl.load(base + rr[None, :], mask=cmask[:, None] & (rr < N_RT)[None, :],
-                           other=0.0, cache_modifier=".cg")
-            acc += tl.sum(part, axis=1)
-        tl.store(out_ptr + cols, acc, mask=cmask)
-
-
 @triton.jit
 def stats_kernel(
-    x_ptr, sxr, sxc, R, C, hq_amax_ptr, hla_amax_ptr, bsum_ptr, bcount_ptr, bout_ptr,
+    x_ptr, sxr, sxc, R, C, hq_amax_ptr, hla_amax_ptr, bsum_ptr,
     RANK: tl.constexpr, SEL: tl.constexpr, DRAW: tl.constexpr, BWSEL: tl.constexpr,
     DO_HQ: tl.constexpr, DO_HLA: tl.constexpr, HQ_ROW: tl.constexpr, HLA_ROW: tl.constexpr,
     DO_BSUM: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr, IDX64: tl.constexpr,
@@ -504,9 +473,8 @@ def stats_kernel(
 ):
     """The atomic max of |t|'s bits per scale group (module docstring). DO_BSUM (with
     DO_HLA): also the tile's column sums of x in float32, bsum[c, pid_r] (one store per column,
-    no atomics), column-major, and x's column sums bout[c] = sum over pid_r of bsum[c, pid_r]
-    from the last program of each column of tiles (_bias_sums_last; bcount: one zeroed int32
-    counter per column of tiles)."""
+    no atomics, so the sum over pid_r that follows is deterministic), column-major so that sum
+    is an inner-axis reduction."""
     tl.static_assert((not DO_BSUM) or DO_HLA)
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -534,8 +502,6 @@ def stats_kernel(
         if DO_BSUM:
             tl.store(bsum_ptr + _idx(cols, IDX64) * tl.num_programs(0) + pid_r,
                      tl.sum(d, axis=0), mask=cols < C)
-            _bias_sums_last(bsum_ptr, bcount_ptr, bout_ptr, cols, C, pid_c, tl.num_programs(0),
-                            IDX64, BLOCK_C)
         if HLA_ROW:
             tl.atomic_max(hla_amax_ptr + cols, a, mask=cols < C, sem="relaxed")
         else:
