@@ -137,13 +137,15 @@ case "$what" in *" e2e "*)
   fi
 esac
 case "$what" in *" seq "*)
-  i=0
   for item in ${SEQ:-}; do
-    i=$((i + 1)); m=${item%%:*}; e=; [ "$item" != "$m" ] && e=$(echo "${item#*:}" | tr ',' ' ')
+    m=${item%%:*}; e=; [ "$item" != "$m" ] && e=$(echo "${item#*:}" | tr ',' ' ')
     echo "== $item" >> "$OUT/seq.log"
-    env $e timeout 500 python3 -m hot.bench.e2e --modes "$m" --json "/tmp/seq_$i.json" ${SEQ_ARGS:-} \
+    # A fresh path per item (hot.bench.e2e never overwrites, and a later `seq` in the same
+    # call must not read an earlier item's records).
+    rec=$(mktemp -u /tmp/seq_XXXXXX.json)
+    env $e timeout 500 python3 -m hot.bench.e2e --modes "$m" --json "$rec" ${SEQ_ARGS:-} \
       >> "$OUT/seq.log" 2>&1 || tail -5 "$OUT/seq.log"
-    python3 - "/tmp/seq_$i.json" "$item" "$OUT/seq.json" <<'EOF'
+    python3 - "$rec" "$item" "$OUT/seq.json" <<'EOF'
 import json, os, sys
 src, item, dst = sys.argv[1:]
 recs = json.load(open(src)) if os.path.exists(src) else [{"mode": item, "error": "no record"}]
