@@ -250,7 +250,14 @@ def _fwht16(xs):
     """Natural-order (Sylvester) 16-point Walsh-Hadamard transform of a 16-tuple of same-shape
     float32 tensors, unscaled: y_k = sum_i (-1)^popcount(i & k) x_i (4 stages of 16 adds/subs,
     all elementwise: no data moves between threads)."""
-    for st in tl.static_range(4):
+    return _fwht_stages(xs, 4)
+
+
+@triton.jit
+def _fwht_stages(xs, STAGES: tl.constexpr):
+    """The first STAGES butterfly stages of _fwht16: stage st adds (and subtracts) entries i and
+    i + 2^st."""
+    for st in tl.static_range(STAGES):
         ys = ()
         for i in tl.static_range(16):
             if (i >> st) & 1 == 0:
@@ -269,14 +276,7 @@ def _fwht16_signed(xs, s1, s2):
     outputs being the signed ones' times the quarter's sign (RN(s a + s b) = s RN(a + b)); the
     last two fold the signs into their additions, fma(s, b, a) = RN(a + s b) since s b is
     exact: 32 fused operations instead of 12 multiplies and 32 additions."""
-    for st in tl.static_range(2):
-        ys = ()
-        for i in tl.static_range(16):
-            if (i >> st) & 1 == 0:
-                ys = ys + (xs[i] + xs[i + (1 << st)],)
-            else:
-                ys = ys + (xs[i - (1 << st)] - xs[i],)
-        xs = ys
+    xs = _fwht_stages(xs, 2)
     # Stage 2: quarter 0 with s1 * quarter 1; quarter 2 with s1 * quarter 3 (their common s2
     # applied in stage 3).
     ys = ()
@@ -435,7 +435,7 @@ def _hla_full_amax(ys, BWSEL: tl.constexpr):
     """A drawn selection's absmax bits per column: the max over all 16 rows of ys, each row n
     weighted by its band's code (BWSEL, 2 bits a Sylvester row), and over the blocks."""
     # Rounding w * |y| is monotonic in |y| and NaN stays NaN, so the max of the weighted rows is
-    # the weighted max of each band's rows: one multiply per band, not per row (the same bits).
+    # the weighted max of each band's rows: one multiply per band, not per row (the same value).
     a = tl.zeros(ys[0].shape, tl.int32)
     for code in tl.static_range(3):
         m = tl.zeros(ys[0].shape, tl.int32)
