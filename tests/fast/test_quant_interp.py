@@ -286,6 +286,40 @@ def test_int32_and_int64_offsets_agree(idx64):
                 tol=_hla_tol(x, sr2, 8))
 
 
+def _butterfly16(x):
+    """kernels.quantize._fwht16 in float32, stage by stage in the kernel's order: x (..., 16)."""
+    xs = list(x.unbind(-1))
+    for st in range(4):
+        xs = [xs[i] + xs[i + (1 << st)] if not (i >> st) & 1 else xs[i - (1 << st)] - xs[i]
+              for i in range(16)]
+    return torch.stack(xs, -1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([1.0, 2.0**-60, 2.0**60]),
+       st.sampled_from([7, 127]))
+def test_nearest_hq_codes_need_no_clamp(seed, mag, qmax):
+    """The GPU quantize kernel rounds nearest HQ codes without a clamp (_round's BOUNDED): v =
+    y * (r / 4) with y from the butterfly and r = 1 / (amax / qmax) from the stats kernel's
+    dot, which sums the same 16 products in another order. The claim: |v| <= qmax (1 + 2^-15)
+    < qmax + 1/2, so rounding to nearest never passes qmax. Checked in float32 with the two
+    orders (a matmul for the dot, the butterfly stage by stage) on rows that cancel (pairs of
+    nearly opposite values, where the orders differ most) and heavy-tailed rows."""
+    from hot.common.walsh import sylvester
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(256, 64, generator=g) * mag
+    x[:128, 1::2] = -x[:128, 0::2] * (1 + 2.0**-7 * torch.randn(128, 32, generator=g))
+    x[128:] *= torch.randn(128, 64, generator=g).abs() ** 4
+    x = x.to(torch.bfloat16).float()
+    blocks = x.view(256, 4, 16)
+    t_dot = blocks @ (sylvester(16).float() / 4)
+    amax = t_dot.abs().amax(dim=(1, 2), keepdim=True)
+    r = 1.0 / torch.where(amax == 0, torch.ones_like(amax), amax / qmax)
+    v = _butterfly16(blocks) * (r * 0.25)
+    assert bool((v.abs() <= qmax * (1 + 2.0**-15)).all())
+
+
 def test_ops_layer_reaches_the_fast_implementations():
     # The op layer (hot.common.ops) dispatches to the fast implementations for int8 work and
     # returns their outputs unchanged.
