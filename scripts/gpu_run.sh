@@ -200,17 +200,11 @@ for f in bench_backward_base bench_backward; do
   [ -f "$OUT/$f.md" ] && echo "== $f" && grep -E "^\| (vitb|llama)|Geometric" "$OUT/$f.md" \
     | awk -F'|' '{ if (NF > 8) print $2, "HOT", $7, "BF16", $6, $8; else print }'
 done
-[ -f "$OUT/seq.json" ] && echo "== seq" && python3 - "$OUT/seq.json" <<'EOF'
-import json, sys
-for d in json.load(open(sys.argv[1])):
-    print(d.get("item"), "step_ms", round(d.get("step_ms", -1), 2), "min", round(d.get("min_ms", -1), 2),
-          "peak", round(d.get("peak_GiB", -1), 2), "loss", (d.get("losses") or [None])[-1], d.get("error", ""))
-EOF
-for f in e2e e2e2 llm llm2; do
+for f in e2e e2e2 llm llm2 seq; do
   [ -f "$OUT/$f.json" ] && echo "== $f" && python3 - "$OUT/$f.json" <<'EOF'
 import json, sys
 for d in json.load(open(sys.argv[1])):
-    print(d.get("mode"), "step_ms", round(d.get("step_ms", -1), 2), "min", round(d.get("min_ms", -1), 2),
+    print(d.get("item") or d.get("mode"), "step_ms", round(d.get("step_ms", -1), 2), "min", round(d.get("min_ms", -1), 2),
           "peak", round(d.get("peak_GiB", -1), 2),
           "reserved", round(d.get("peak_reserved_GiB") or -1, 2), "loss", (d.get("losses") or [None])[-1], d.get("error", ""))
     if "profile" in d:
